@@ -1,0 +1,25 @@
+# MetaRoCE — the two commands are `sudo make demo` and `sudo make test`.
+VENV   ?= $(CURDIR)/.venv
+PY     := $(VENV)/bin/python
+PYTEST := $(VENV)/bin/pytest
+
+.PHONY: setup demo test test-unit test-integration bench clean
+
+setup:
+	@bash tools/setup.sh
+
+demo: setup
+	$(VENV)/bin/metaroce demo
+
+test: setup
+	$(PYTEST) -q tests
+
+test-unit: setup
+	$(PYTEST) -q tests/unit
+
+test-integration: setup
+	$(PYTEST) -q tests/integration
+
+clean:
+	-$(VENV)/bin/metaroce lab down --all 2>/dev/null
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Idempotent setup for a Debian 12 host: apt packages, the kernel-headers link BCC needs,
+# a virtualenv that can import Debian's bcc, and the project itself.
+# Quick when everything is already in place; says what it installs.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${VENV:-$ROOT/.venv}
+SYS_PY=${SYS_PY:-/usr/bin/python3}
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: needs root (apt, kernel headers link, BPF): run it with sudo" >&2
+    exit 2
+fi
+
+# --- 1. Debian packages ---------------------------------------------------------------
+# python3-bpfcc: BCC (compiles and loads the XDP/tc programs); linux-headers-amd64: the
+# headers BCC compiles against; python3-venv/python3-dev/gcc: the venv and cffi helpers;
+# libbpf1: link/pin/test-run syscalls; tshark: independent RoCEv2 decoder for the codec tests;
+# iperf3: the TCP baseline; ethtool: queue and offload settings in labs.
+APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev
+          tshark iperf3 ethtool)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >&2
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+# --- 2. kernel headers for BCC ----------------------------------------------------------
+# The running kernel may have no headers package; BCC looks in /lib/modules/$(uname -r)/build.
+# The uapi headers an XDP program needs are stable, so Debian's newest amd64 headers serve.
+KDIR=/lib/modules/$(uname -r)
+if [ ! -e "$KDIR/build/include" ]; then
+    hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1 || true)
+    if [ -z "$hdr" ]; then
+        echo "setup: no /usr/src/linux-headers-*-amd64 found: install linux-headers-amd64" >&2
+        exit 1
+    fi
+    common=${hdr%-amd64}-common
+    say "linking $KDIR/build -> $hdr (and source -> $common) for BCC"
+    mkdir -p "$KDIR"
+    ln -sfn "$hdr" "$KDIR/build"
+    [ -d "$common" ] && ln -sfn "$common" "$KDIR/source"
+fi
+
+# bpffs for pinned lab maps
+if ! grep -qs ' /sys/fs/bpf bpf ' /proc/mounts; then
+    say "mounting bpffs on /sys/fs/bpf"
+    mount -t bpf bpf /sys/fs/bpf
+fi
+
+# --- 3. virtualenv that sees Debian's bcc (and only bcc) --------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV (from $SYS_PY)"
+    "$SYS_PY" -m venv "$VENV"
+fi
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+shim=$VENV/debian-bcc
+if [ ! -e "$shim/bcc" ]; then
+    say "exposing Debian's bcc module to the venv ($shim)"
+    mkdir -p "$shim"
+    ln -sfn /usr/lib/python3/dist-packages/bcc "$shim/bcc"
+    echo "$shim" > "$site/debian-bcc.pth"
+fi
+
+# --- 4. the project ---------------------------------------------------------------------
+stamp=$VENV/.metaroce-installed
+want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
+   || ! "$VENV/bin/python" -c 'import metaroce, click, pyroute2, pytest, hypothesis, scapy' 2>/dev/null; then
+    say "installing the project and its test extras into the venv (pip)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+    echo "$want" > "$stamp"
+fi
+"$VENV/bin/python" -c 'import bcc' 2>/dev/null || { echo "setup: the venv cannot import bcc (install python3-bpfcc)" >&2; exit 1; }
+say "ready ($VENV)"
