@@ -19,8 +19,9 @@ fi
 # python3-bpfcc: BCC (compiles and loads the XDP/tc programs); linux-headers-amd64: the
 # headers BCC compiles against; python3-venv/python3-dev/gcc: the venv and cffi helpers;
 # libbpf1: link/pin/test-run syscalls; tshark: independent RoCEv2 decoder for the codec tests;
-# iperf3: the TCP baseline; ethtool: queue and offload settings in labs.
-APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev
+# iperf3: the TCP baseline; ethtool: queue and offload settings in labs; iputils-ping: for
+# users poking at a lab (metaroce lab exec h1 -- ping ...).
+APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev iputils-ping
           tshark iperf3 ethtool)
 missing=()
 for p in "${APT_PKGS[@]}"; do

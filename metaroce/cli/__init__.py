@@ -1,6 +1,7 @@
 """`metaroce` command line: one click group; each subcommand group lives in its own module."""
 
 import importlib
+import os
 import sys
 
 import click
@@ -57,6 +58,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         report_error("interrupted", as_json)
         return 130
+    except Exception as exc:  # a bug or an unexpected system failure: still one line
+        if os.environ.get("METAROCE_DEBUG"):
+            raise
+        report_error(f"{type(exc).__name__}: {exc} (METAROCE_DEBUG=1 shows a traceback)", as_json)
+        return 1
     return rv if isinstance(rv, int) else 0
 
 

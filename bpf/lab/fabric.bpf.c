@@ -1,0 +1,120 @@
+/* The lab fabric: programs on every link end of a MetaRoCE lab.
+ *   fabric_host_xdp    host ends until MetaRoCE attaches its own: count, pass
+ *   fabric_port_xdp    switch-side ends, XDP: count, loss for traffic arriving (a -> b)
+ *   fabric_port_tc_in  switch-side ends, tc ingress: duplication, reordering (a -> b)
+ *   fabric_port_tc_out switch-side ends, tc egress: ECN virtual queue, loss, duplication,
+ *                      reordering (b -> a), count
+ * Rate limiting itself is an htb qdisc on the switch-side egress, set up by the loader.
+ * All map lookups happen here (BCC rewrites map syntax only in the main file). */
+#include "fabric_maps.h"
+#include "fabric_helpers.h"
+#include "fabric_reorder.h"
+#include "fabric_ecn.h"
+
+int fabric_host_xdp(struct xdp_md *ctx)
+{
+    __u32 port = ctx->ingress_ifindex;
+    struct port_stats *ps = port_stats.lookup(&port);
+    if (ps) {
+        ps->rx_packets++;
+        ps->rx_bytes += bpf_xdp_get_buff_len(ctx);
+    }
+    return XDP_PASS;
+}
+
+int fabric_port_xdp(struct xdp_md *ctx)
+{
+    __u32 port = ctx->ingress_ifindex;
+    struct port_stats *ps = port_stats.lookup(&port);
+    struct pkt_info pi;
+    if (!ps)
+        return XDP_PASS;
+    ps->rx_packets++;
+    ps->rx_bytes += bpf_xdp_get_buff_len(ctx);
+    if (classify_xdp(ctx, &pi))
+        return XDP_PASS;
+    __u32 slot = port * 2 + DIR_IN;
+    struct impair_cfg *cfg = impair_cfg.lookup(&slot);
+    struct impair_stats *st = impair_stats.lookup(&slot);
+    struct impair_seq *sq = impair_seq.lookup(&slot);
+    if (!cfg || !st || !sq || !impair_applies(cfg, &pi))
+        return XDP_PASS;
+    st->matched++;
+    if (cfg->loss && (__u32)draw(sq, cfg->seed) < cfg->loss) {
+        st->lost++;
+        return XDP_DROP;
+    }
+    return XDP_PASS;
+}
+
+int fabric_port_tc_in(struct __sk_buff *skb)
+{
+    if (skb->mark == MARK_OWN_CLONE) {
+        skb->mark = 0;
+        return TC_ACT_OK;
+    }
+    __u32 port = skb->ifindex, zero = 0;
+    __u32 slot = port * 2 + DIR_IN;
+    struct stash *s = stash.lookup(&slot);
+    struct scratch *sc = scratch.lookup(&zero);
+    struct pkt_info pi;
+    if (port >= MAX_PORTS || !s || !sc || classify_skb(skb, &pi))
+        return TC_ACT_OK;
+    if (maybe_release(skb, DIR_IN, s, sc))
+        return TC_ACT_OK;
+    struct impair_cfg *cfg = impair_cfg.lookup(&slot);
+    struct impair_stats *st = impair_stats.lookup(&slot);
+    struct impair_seq *sq = impair_seq.lookup(&slot);
+    if (!cfg || !st || !sq || !impair_applies(cfg, &pi) || !(cfg->dup | cfg->reorder))
+        return TC_ACT_OK;
+    return dup_or_hold(skb, DIR_IN, cfg, s, draw(sq, cfg->seed), st);
+}
+
+static __always_inline int count_tx(struct port_stats *ps, struct __sk_buff *skb, int action)
+{
+    if (action == TC_ACT_OK) {
+        ps->tx_packets++;
+        ps->tx_bytes += skb->len;
+    }
+    return action;
+}
+
+int fabric_port_tc_out(struct __sk_buff *skb)
+{
+    __u32 port = skb->ifindex, zero = 0;
+    struct port_stats *ps = port_stats.lookup(&port);
+    if (!ps)
+        return TC_ACT_OK;
+    if (skb->mark == MARK_OWN_CLONE) {
+        skb->mark = 0;
+        return count_tx(ps, skb, TC_ACT_OK);
+    }
+    __u32 slot = port * 2 + DIR_OUT;
+    struct stash *s = stash.lookup(&slot);
+    struct scratch *sc = scratch.lookup(&zero);
+    struct ecn_cfg *ecfg = ecn_cfg.lookup(&port);
+    struct vqueue *vq = vqueue.lookup(&port);
+    struct pkt_info pi;
+    if (!s || !sc || !ecfg || !vq || classify_skb(skb, &pi))
+        return count_tx(ps, skb, TC_ACT_OK);
+    if (pi.ipver && vq_over(ecfg, vq, skb->len)) {
+        if (mark_ce(skb, &pi))
+            ps->ecn_marked++;
+        else
+            ps->ecn_not_ect++;
+    }
+    if (maybe_release(skb, DIR_OUT, s, sc))
+        return count_tx(ps, skb, TC_ACT_OK);
+    struct impair_cfg *cfg = impair_cfg.lookup(&slot);
+    struct impair_stats *st = impair_stats.lookup(&slot);
+    struct impair_seq *sq = impair_seq.lookup(&slot);
+    if (!cfg || !st || !sq || !impair_applies(cfg, &pi))
+        return count_tx(ps, skb, TC_ACT_OK);
+    st->matched++;
+    __u64 roll = draw(sq, cfg->seed);
+    if (cfg->loss && (__u32)roll < cfg->loss) {
+        st->lost++;
+        return TC_ACT_SHOT;
+    }
+    return count_tx(ps, skb, dup_or_hold(skb, DIR_OUT, cfg, s, roll, st));
+}

@@ -1,0 +1,17 @@
+/* Maps of the lab fabric programs; all are pinned by the loader so later processes can read
+ * counters and change the impairment without reloading. */
+#ifndef __FABRIC_MAPS_H
+#define __FABRIC_MAPS_H
+
+#include "fabric_structs.h"
+
+BPF_PERCPU_ARRAY(port_stats, struct port_stats, MAX_PORTS);
+BPF_ARRAY(impair_cfg, struct impair_cfg, MAX_SLOTS);
+BPF_PERCPU_ARRAY(impair_stats, struct impair_stats, MAX_SLOTS);
+BPF_ARRAY(impair_seq, struct impair_seq, MAX_SLOTS);
+BPF_ARRAY(stash, struct stash, MAX_SLOTS);
+BPF_PERCPU_ARRAY(scratch, struct scratch, 1);
+BPF_ARRAY(ecn_cfg, struct ecn_cfg, MAX_PORTS);
+BPF_ARRAY(vqueue, struct vqueue, MAX_PORTS);
+
+#endif

@@ -1,0 +1,118 @@
+"""`metaroce lab`: provision and inspect labs of hosts in network namespaces."""
+
+import click
+
+from ..lab import core
+from ..lab.impair import DIRECTIONS, Impairment
+from ..lab.plan import TOPOLOGIES
+from .output import emit_json, json_option, log
+
+name_option = click.option("--name", default=None, help="Lab name (default: the only lab up).")
+
+
+@click.group()
+def lab():
+    """Labs: hosts and switches in network namespaces joined by veth links."""
+
+
+@lab.command()
+@click.option("--name", default="lab", show_default=True, help="Lab name (prefixes every namespace).")
+@click.option("--topology", type=click.Choice(TOPOLOGIES), default="pair", show_default=True)
+@click.option("--hosts", type=int, default=None, help="Number of hosts (pair: 2, star: 3, leaf-spine: 4).")
+@click.option("--mtu", type=int, default=1500, show_default=True)
+@click.option("--rate", default=None, help="Shape every switch egress, e.g. 1gbit, 500mbit.")
+@click.option("--ecn-threshold", type=int, default=None,
+              help="Mark CE above this many bytes of virtual queue (default 65536 with --rate).")
+@json_option
+def up(name, topology, hosts, mtu, rate, ecn_threshold, as_json):
+    """Bring a lab up."""
+    rec = core.up(name, topology, hosts, mtu, rate, ecn_threshold)
+    view = core.LabView(name)
+    doc = view.status(counters=False)
+    if as_json:
+        emit_json(doc)
+        return
+    log(f"lab {name} is up ({rec['xdp_mode']} XDP on every link end)")
+    _print_nodes(doc)
+
+
+def _print_nodes(doc):
+    for h in doc["hosts"]:
+        addrs = [f"{i['name']} {i['ipv4'] or ''} {i['ipv6'] or ''}".strip() for i in h["ifaces"]
+                 if i["ipv4"] or i["ipv6"]]
+        click.echo(f"{h['name']:<8} {h['role']:<7} {h['netns']:<20} {'; '.join(addrs)}")
+
+
+@lab.command()
+@name_option
+@click.option("--all", "all_", is_flag=True, help="Remove every MetaRoCE lab on this machine.")
+@json_option
+def down(name, all_, as_json):
+    """Tear a lab down (also after a crash half-way through `up`)."""
+    if all_:
+        result = core.down_all()
+    else:
+        from ..lab import state  # noqa: PLC0415
+        result = [core.down(name or state.resolve(None))]
+    if as_json:
+        emit_json({"removed": result})
+    else:
+        for r in result:
+            log(f"lab {r['name']} removed ({len(r['removed_netns'])} namespaces)")
+
+
+@lab.command()
+@name_option
+@json_option
+def status(name, as_json):
+    """Show nodes, links, counters and impairments."""
+    doc = core.LabView(name).status()
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(f"lab {doc['name']}: {doc['topology']}, mtu {doc['mtu']}, XDP {doc['xdp_mode']}")
+    _print_nodes(doc)
+    for l in doc["links"]:
+        rate = f"{l['rate'] / 1e9:g} Gbit/s" if l["rate"] else "line rate"
+        click.echo(f"link {l['name']:<16} {rate}")
+        for d, c in l["counters"].items():
+            extra = ""
+            if "tx_packets" in c:
+                extra = f" ecn_marked {c['ecn_marked']} queue_drops {c['queue_drops']}"
+            imp = c["impair"]
+            click.echo(f"  {d}: rx {c['rx_packets']} pkts {c['rx_bytes']} B{extra}"
+                       f" | impair lost {imp['lost']} dup {imp['duplicated']} reordered {imp['reordered']}")
+
+
+@lab.command()
+@name_option
+@click.argument("link")
+@click.option("--dir", "direction", type=click.Choice(DIRECTIONS), default="both", show_default=True,
+              help="a-b: toward the switch side; b-a: away from it.")
+@click.option("--loss", type=float, default=0.0, help="Drop probability.")
+@click.option("--dup", type=float, default=0.0, help="Duplication probability.")
+@click.option("--reorder", type=float, default=0.0,
+              help="Probability that a frame is held back and sent after later ones.")
+@click.option("--reorder-depth", type=int, default=1, show_default=True,
+              help="How many later frames overtake a held one.")
+@click.option("--all-traffic", is_flag=True, help="Impair every IP packet, not only UDP 4791.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the deterministic draws.")
+@click.option("--clear", is_flag=True, help="Remove the impairment.")
+@json_option
+def impair(name, link, direction, loss, dup, reorder, reorder_depth, all_traffic, seed, clear, as_json):
+    """Impair a LINK (a link name like h1-sw1, or a host name) on its switch side."""
+    imp = None if clear else Impairment(loss, dup, reorder, reorder_depth, all_traffic, seed).validate()
+    out = core.LabView(name).impair(link, direction, imp)
+    if as_json:
+        emit_json(out)
+    else:
+        log(f"link {out['link']}: {out['impair'] or 'no impairment'}")
+
+
+@lab.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@name_option
+@click.argument("host")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def exec(name, host, cmd):  # noqa: A001 (the verb users expect)
+    """Run CMD inside HOST's namespace: metaroce lab exec h1 -- ping 10.0.0.2"""
+    core.LabView(name).exec(host, list(cmd))

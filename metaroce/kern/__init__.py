@@ -1,0 +1,1 @@
+"""Kernel plumbing: compiling BPF with BCC and the few libbpf calls BCC does not expose."""

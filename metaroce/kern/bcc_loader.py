@@ -1,0 +1,43 @@
+"""Compile BPF C from bpf/ with BCC, with the project's include path and -D tunables, and turn
+BCC/clang failures into one clear error."""
+
+import os
+from pathlib import Path
+
+from ..errors import MetaroceError
+from ..system import import_bcc
+
+
+def bpf_dir() -> Path:
+    """bpf/ in a source checkout, or the copy shipped inside the wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "bpf", here / "_bpf"):
+        if cand.is_dir():
+            return cand
+    raise MetaroceError("BPF sources not found (expected bpf/ next to the metaroce package)")
+
+
+def compile_program(relpath: str, defines: dict | None = None):
+    """Compile bpf/<relpath> with BCC; returns the bcc.BPF object (maps created, nothing attached)."""
+    bcc = import_bcc()
+    src = bpf_dir() / relpath
+    cflags = [f"-I{src.parent}", f"-I{bpf_dir()}", "-Wno-unused-function"]
+    for k, v in (defines or {}).items():
+        cflags.append(f"-D{k}={v}")
+    try:
+        return bcc.BPF(src_file=str(src).encode(), cflags=cflags)
+    except Exception as exc:  # BCC raises bare Exception on compile failures
+        raise MetaroceError(f"compiling {relpath} with BCC failed: {exc}") from exc
+
+
+def load(bpf, name: str, prog_type: str):
+    """Load one function; prog_type is 'xdp' or 'sched_cls'. Verifier failures become one line."""
+    bcc = import_bcc()
+    kind = {"xdp": bcc.BPF.XDP, "sched_cls": bcc.BPF.SCHED_CLS}[prog_type]
+    try:
+        return bpf.load_func(name.encode(), kind)
+    except Exception as exc:
+        raise MetaroceError(f"loading BPF program {name} failed (verifier or kernel): {exc}") from exc
+
+
+__all__ = ["bpf_dir", "compile_program", "load", "os"]

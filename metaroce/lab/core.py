@@ -1,0 +1,190 @@
+"""A lab's life: up (namespaces, links, programs, shaping), status, impair, exec, down."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from ..errors import MetaroceError, UsageError
+from ..kern import libbpf
+from ..system import import_bcc, require_root
+from . import fabric, netdev, shaping, state
+from .fabric import DIR_IN, DIR_OUT, MAX_PORTS
+from .impair import Impairment, directions
+from .plan import NETNS_PREFIX, LabPlan, plan_lab, validate_name
+
+
+def _log(msg: str) -> None:
+    from ..cli.output import log  # noqa: PLC0415 (keep the library free of click at import)
+    log(msg)
+
+
+def _namespaces_of(name: str) -> list[str]:
+    prefix = f"{NETNS_PREFIX}{name}-"
+    return [ns for ns in netdev.list_netns() if ns.startswith(prefix)]
+
+
+def preflight() -> None:
+    require_root("the lab")
+    import_bcc()
+    if not libbpf.is_bpffs():
+        raise MetaroceError("bpffs is not mounted on /sys/fs/bpf (sudo mount -t bpf bpf /sys/fs/bpf)")
+
+
+def up(name: str = "lab", topology: str = "pair", hosts: int | None = None, mtu: int = 1500,
+       rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52) -> dict:
+    plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold)
+    preflight()
+    if name in state.names() or _namespaces_of(name):
+        raise MetaroceError(f"lab {name!r} already exists (metaroce lab down --name {name})")
+    try:
+        record = _build(plan, hash_seed)
+    except BaseException:
+        down(name)
+        raise
+    state.save(name, record)
+    return record
+
+
+def _build(plan: LabPlan, hash_seed: int) -> dict:
+    _log(f"lab {plan.name}: {plan.topology}, {len(plan.hosts)} hosts, mtu {plan.mtu}")
+    netdev.create_namespaces(plan)
+    ports = netdev.build_links(plan)
+    too_big = [f"{n}/{i}" for (n, i), idx in ports.items() if idx >= MAX_PORTS]
+    if too_big:
+        raise MetaroceError(f"interface index beyond the fabric's {MAX_PORTS} ports: {too_big}")
+    for node in plan.nodes:
+        netdev.configure_sysctls(node, hash_seed)
+        netdev.configure_node(node, plan.mtu)
+    _log(f"lab {plan.name}: compiling and attaching the fabric programs")
+    fds = fabric.load_and_pin(plan.name)
+    modes = set()
+    with fabric.Fabric(plan.name) as fab:
+        for node in plan.nodes:
+            for itf in node.ifaces:
+                if node.role == "host":
+                    modes.add(fabric.attach_xdp(node.netns, itf.name, fds["host_xdp"], plan.mtu))
+                    continue
+                modes.add(fabric.attach_xdp(node.netns, itf.name, fds["port_xdp"], plan.mtu))
+                fabric.attach_tc(node.netns, itf.name, fds["port_tc_in"], fds["port_tc_out"])
+                if plan.rate_bps:
+                    shaping.shape(node.netns, itf.name, plan.rate_bps, plan.mtu)
+                    fab.set_ecn(ports[(node.name, itf.name)], plan.rate_bps, plan.ecn_threshold)
+    return {
+        "plan": plan.to_dict(),
+        "ports": [{"node": n, "iface": i, "ifindex": idx} for (n, i), idx in sorted(ports.items())],
+        "xdp_mode": modes.pop() if len(modes) == 1 else "mixed",
+        "hash_seed": hash_seed,
+        "impair": {},
+    }
+
+
+def down(name: str) -> dict:
+    """Remove every namespace, pin and record of a lab; works on half-built labs too."""
+    require_root("the lab")
+    validate_name(name)
+    removed = [ns for ns in _namespaces_of(name) if netdev.remove_namespace(ns)]
+    pins = fabric.unpin(name)
+    had_state = state.remove(name)
+    if not (removed or pins or had_state):
+        raise MetaroceError(f"no lab named {name!r} exists")
+    return {"name": name, "removed_netns": removed, "removed_pins": pins}
+
+
+def down_all() -> list[dict]:
+    require_root("the lab")
+    labs = set(state.names())
+    for ns in netdev.list_netns():
+        if ns.startswith(NETNS_PREFIX) and ns.count("-") >= 2:
+            labs.add(ns[len(NETNS_PREFIX):].rsplit("-", 1)[0])
+    if os.path.isdir(fabric.PIN_ROOT):
+        labs.update(os.listdir(fabric.PIN_ROOT))
+    return [down(n) for n in sorted(labs)]
+
+
+class LabView:
+    """A lab that is up, from its record: plan, port indices, live counters."""
+
+    def __init__(self, name: str | None = None):
+        require_root("the lab")
+        self.name = state.resolve(name)
+        self.record = state.load(self.name)
+        self.plan = LabPlan.from_dict(self.record["plan"])
+        self.ports = {(p["node"], p["iface"]): p["ifindex"] for p in self.record["ports"]}
+
+    def _end(self, node: str, iface: str) -> dict:
+        return {"node": node, "iface": iface}
+
+    def status(self, counters: bool = True) -> dict:
+        hosts = []
+        for n in self.plan.nodes:
+            ifaces = [{"name": i.name, "mac": i.mac, "ipv4": i.ipv4, "ipv6": i.ipv6, "mtu": i.mtu,
+                       "ifindex": self.ports.get((n.name, i.name))} for i in n.ifaces]
+            for b in n.bridges:
+                ifaces.append({"name": b.name, "mac": b.mac, "ipv4": b.ipv4, "ipv6": b.ipv6,
+                               "mtu": self.plan.mtu, "ifindex": None})
+            hosts.append({"name": n.name, "role": n.role, "netns": n.netns, "ifaces": ifaces})
+        links = []
+        fab = fabric.Fabric(self.name) if counters else None
+        try:
+            for l in self.plan.links:
+                entry = {"name": l.name, "a": self._end(*l.a), "b": self._end(*l.b),
+                         "rate": self.plan.rate_bps, "ecn_threshold": self.plan.ecn_threshold,
+                         "impair": self.record["impair"].get(l.name, {})}
+                if fab:
+                    entry["counters"] = {"a-b": self._direction(fab, l.a, l.b, DIR_IN, l.b),
+                                         "b-a": self._direction(fab, l.b, l.a, DIR_OUT, l.b)}
+                links.append(entry)
+        finally:
+            if fab:
+                fab.close()
+        return {"name": self.name, "topology": self.plan.topology, "mtu": self.plan.mtu,
+                "xdp_mode": self.record["xdp_mode"], "hosts": hosts, "links": links}
+
+    def _direction(self, fab, src, dst, impair_dir, impair_end) -> dict:
+        s_node = self.plan.node(src[0])
+        out = {}
+        rx = fab.port_stats(self.ports[dst])
+        out["rx_packets"], out["rx_bytes"] = rx["rx_packets"], rx["rx_bytes"]
+        if s_node.role != "host":
+            tx = fab.port_stats(self.ports[src])
+            q = shaping.queue_stats(s_node.netns, src[1])
+            out.update(tx_packets=tx["tx_packets"], tx_bytes=tx["tx_bytes"],
+                       ecn_marked=tx["ecn_marked"], ecn_not_ect=tx["ecn_not_ect"],
+                       queue_drops=q["drops"])
+        out["impair"] = fab.impair_stats(self.ports[impair_end], impair_dir)
+        return out
+
+    def impair(self, link_name: str, direction: str, imp: Impairment | None) -> dict:
+        """Set (or with imp=None clear) the impairment of a link direction."""
+        link = self.plan.link(link_name)
+        port = self.ports[link.b]
+        settings = self.record["impair"].setdefault(link.name, {})
+        with fabric.Fabric(self.name) as fab:
+            for d in directions(direction):
+                slot_dir = DIR_IN if d == "a-b" else DIR_OUT
+                if imp is None or not imp.active:
+                    fab.set_impair(port, slot_dir, **Impairment().to_cfg())
+                    settings.pop(d, None)
+                else:
+                    fab.set_impair(port, slot_dir, **imp.to_cfg())
+                    settings[d] = imp.to_dict()
+        if not settings:
+            self.record["impair"].pop(link.name, None)
+        state.save(self.name, self.record)
+        return {"link": link.name, "impair": self.record["impair"].get(link.name, {})}
+
+    def exec(self, node: str, argv: list[str]) -> None:
+        """Replace this process with argv running inside the node's namespace."""
+        try:
+            ns = self.plan.node(node).netns
+        except KeyError:
+            known = ", ".join(n.name for n in self.plan.nodes)
+            raise UsageError(f"no node {node!r} in lab {self.name!r} (nodes: {known})") from None
+        if not argv:
+            raise UsageError("nothing to run: metaroce lab exec HOST -- CMD [ARGS]")
+        if shutil.which(argv[0]) is None:
+            raise UsageError(f"command not found: {argv[0]}")
+        from pyroute2 import netns as pr_netns  # noqa: PLC0415
+        pr_netns.setns(ns)
+        os.execvp(argv[0], argv)
