@@ -24,6 +24,8 @@ static __always_inline int vq_over(struct ecn_cfg *cfg, struct vqueue *vq, __u32
     __u64 drained = idle * rate / 1000000000ULL;
     vq->bytes = vq->bytes > drained ? vq->bytes - drained : 0;
     vq->bytes += len;
+    if (vq->bytes > 2 * threshold)       /* a phantom queue has a finite buffer too */
+        vq->bytes = 2 * threshold;
     vq->last_ns = now;
     over = vq->bytes > threshold;
     bpf_spin_unlock(&vq->lock);

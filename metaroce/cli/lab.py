@@ -115,4 +115,7 @@ def impair(name, link, direction, loss, dup, reorder, reorder_depth, all_traffic
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def exec(name, host, cmd):  # noqa: A001 (the verb users expect)
     """Run CMD inside HOST's namespace: metaroce lab exec h1 -- ping 10.0.0.2"""
-    core.LabView(name).exec(host, list(cmd))
+    argv = list(cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    core.LabView(name).exec(host, argv)

@@ -1,0 +1,63 @@
+"""Root/BPF integration fixtures: real namespaces, veth links and BCC-loaded programs."""
+
+import os
+import shutil
+
+import pytest
+
+from metaroce.errors import MetaroceError
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, BPF): run sudo make test"
+    try:
+        from metaroce.system import import_bcc
+        import_bcc()
+    except MetaroceError as exc:
+        return str(exc)
+    if not os.path.isdir("/sys/fs/bpf"):
+        return "bpffs is not available"
+    return None
+
+
+REASON = _why_not()
+
+
+def pytest_collection_modifyitems(config, items):
+    if REASON is None:
+        return
+    if os.environ.get("CI"):
+        # CI here is root with BPF: an integration test that cannot run is a failure, not a skip
+        raise pytest.UsageError(f"integration tests cannot run in CI: {REASON}")
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.skip(reason=REASON))
+
+
+_counter = [0]
+
+
+@pytest.fixture
+def lab_name():
+    """A lab name unique to this test run; the lab is removed afterwards whatever happened."""
+    from metaroce.lab import core, state
+    _counter[0] += 1
+    name = f"t{os.getpid() % 10000}x{_counter[0]}"
+    yield name
+    if name in state.names() or core._namespaces_of(name):
+        core.down(name)
+
+
+@pytest.fixture(scope="module")
+def module_lab_name():
+    from metaroce.lab import core, state
+    _counter[0] += 1
+    name = f"m{os.getpid() % 10000}x{_counter[0]}"
+    yield name
+    if name in state.names() or core._namespaces_of(name):
+        core.down(name)
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None

@@ -1,0 +1,64 @@
+"""The `metaroce lab` / `metaroce demo` command-line contract, run as a user would."""
+
+import json
+import os
+import subprocess
+import sys
+
+METAROCE = [sys.executable, "-m", "metaroce.cli"]
+
+
+def run(*args, user=None, check=False):
+    cmd = METAROCE + list(args)
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] + cmd
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_lab_up_status_exec_down_via_cli(lab_name):
+    up = run("lab", "up", "--name", lab_name, "--json", check=True)
+    doc = json.loads(up.stdout)
+    assert doc["name"] == lab_name and doc["topology"] == "pair"
+    st = run("lab", "status", "--name", lab_name, "--json", check=True)
+    doc = json.loads(st.stdout)        # exactly one JSON document
+    assert [h["name"] for h in doc["hosts"]] == ["h1", "h2", "sw1"]
+    h1 = doc["hosts"][0]
+    assert h1["role"] == "host" and h1["netns"] == f"mr-{lab_name}-h1"
+    assert h1["ifaces"][0]["ipv4"] == "10.0.0.1/24" and h1["ifaces"][0]["ipv6"].endswith("/64")
+    assert {l["name"] for l in doc["links"]} == {"h1-sw1", "h2-sw1"}
+    ex = run("lab", "exec", "--name", lab_name, "h1", "--", "cat", "/proc/net/dev", check=True)
+    assert "eth0" in ex.stdout and "h1" not in ex.stdout.split("eth0")[0]
+    imp = run("lab", "impair", "--name", lab_name, "h1", "--loss", "0.05", "--json", check=True)
+    assert json.loads(imp.stdout)["impair"]["a-b"]["loss"] == 0.05
+    bad = run("lab", "impair", "--name", lab_name, "h1", "--loss", "1.5", "--json")
+    assert bad.returncode == 2 and "error" in json.loads(bad.stdout)
+    down = run("lab", "down", "--name", lab_name, "--json", check=True)
+    assert json.loads(down.stdout)["removed"][0]["name"] == lab_name
+
+
+def test_errors_are_one_line_and_non_zero():
+    p = run("lab", "status", "--name", "nosuchlab")
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    p = run("lab", "status", "--name", "nosuchlab", "--json")
+    assert p.returncode == 1 and "no lab" in json.loads(p.stdout)["error"]
+    p = run("lab", "up", "--topology", "ring")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    p = run("lab", "up", "--topology", "pair", "--hosts", "3", "--json")
+    assert p.returncode == 2 and "exactly 2" in json.loads(p.stdout)["error"]
+
+
+def test_not_root_says_sudo():
+    p = run("lab", "up", "--name", "nobodylab", user=65534)
+    assert p.returncode == 2, p.stderr
+    assert "sudo" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_demo_json():
+    p = run("demo", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["ok"] is True and p.returncode == 0, p.stderr
+    assert doc["xdp_mode"] == "native" and len(doc["probes"]) == 4
