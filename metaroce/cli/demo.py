@@ -47,7 +47,7 @@ def _probe(view, src: str, dst: str, family: int) -> dict:
 def demo(as_json):
     """Bring up a two-host lab, prove the XDP data path sees traffic on both hosts, tear down."""
     core.preflight()
-    if DEMO_LAB in core.state.names() or core._namespaces_of(DEMO_LAB):
+    if DEMO_LAB in core.state.names() or core.namespaces_of(DEMO_LAB):
         log("demo: removing a demo lab left by an earlier run")
         core.down(DEMO_LAB)
     t0 = time.monotonic()

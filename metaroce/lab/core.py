@@ -19,7 +19,7 @@ def _log(msg: str) -> None:
     log(msg)
 
 
-def _namespaces_of(name: str) -> list[str]:
+def namespaces_of(name: str) -> list[str]:
     prefix = f"{NETNS_PREFIX}{name}-"
     return [ns for ns in netdev.list_netns() if ns.startswith(prefix)]
 
@@ -35,7 +35,7 @@ def up(name: str = "lab", topology: str = "pair", hosts: int | None = None, mtu:
        rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52) -> dict:
     plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold)
     preflight()
-    if name in state.names() or _namespaces_of(name):
+    if name in state.names() or namespaces_of(name):
         raise MetaroceError(f"lab {name!r} already exists (metaroce lab down --name {name})")
     try:
         record = _build(plan, hash_seed)
@@ -57,7 +57,7 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
         netdev.configure_sysctls(node, hash_seed)
         netdev.configure_node(node, plan.mtu)
     _log(f"lab {plan.name}: compiling and attaching the fabric programs")
-    fds = fabric.load_and_pin(plan.name)
+    bpf, fds = fabric.load_and_pin(plan.name)
     modes = set()
     with fabric.Fabric(plan.name) as fab:
         for node in plan.nodes:
@@ -70,6 +70,7 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
                 if plan.rate_bps:
                     shaping.shape(node.netns, itf.name, plan.rate_bps, plan.mtu)
                     fab.set_ecn(ports[(node.name, itf.name)], plan.rate_bps, plan.ecn_threshold)
+    bpf.cleanup()   # the attachments hold the programs now; this closes our fds
     return {
         "plan": plan.to_dict(),
         "ports": [{"node": n, "iface": i, "ifindex": idx} for (n, i), idx in sorted(ports.items())],
@@ -83,7 +84,7 @@ def down(name: str) -> dict:
     """Remove every namespace, pin and record of a lab; works on half-built labs too."""
     require_root("the lab")
     validate_name(name)
-    removed = [ns for ns in _namespaces_of(name) if netdev.remove_namespace(ns)]
+    removed = [ns for ns in namespaces_of(name) if netdev.remove_namespace(ns)]
     pins = fabric.unpin(name)
     had_state = state.remove(name)
     if not (removed or pins or had_state):

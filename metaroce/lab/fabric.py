@@ -111,9 +111,9 @@ class Fabric:
                                                                   threshold=threshold))
 
 
-def load_and_pin(lab: str) -> dict[str, int]:
-    """Compile the fabric once, load its programs, pin maps and programs; returns prog fds
-    (valid in this process) by pin name."""
+def load_and_pin(lab: str):
+    """Compile the fabric once, load its programs, pin maps and programs. Returns the BCC object
+    (it owns the fds: keep it until the programs are attached) and the program fds by pin name."""
     bpf = compile_program("lab/fabric.bpf.c", {"MAX_PORTS": MAX_PORTS})
     _check_layouts(bpf)
     d = pin_dir(lab)
@@ -125,8 +125,7 @@ def load_and_pin(lab: str) -> dict[str, int]:
         fn = load(bpf, func, kind)
         libbpf.obj_pin(fn.fd, os.path.join(d, pin))
         fds[pin] = fn.fd
-    load_and_pin._keep = bpf  # the BPF object owns the fds; keep it alive for the caller
-    return fds
+    return bpf, fds
 
 
 def unpin(lab: str) -> bool:

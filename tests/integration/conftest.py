@@ -45,7 +45,7 @@ def lab_name():
     _counter[0] += 1
     name = f"t{os.getpid() % 10000}x{_counter[0]}"
     yield name
-    if name in state.names() or core._namespaces_of(name):
+    if name in state.names() or core.namespaces_of(name):
         core.down(name)
 
 
@@ -55,7 +55,7 @@ def module_lab_name():
     _counter[0] += 1
     name = f"m{os.getpid() % 10000}x{_counter[0]}"
     yield name
-    if name in state.names() or core._namespaces_of(name):
+    if name in state.names() or core.namespaces_of(name):
         core.down(name)
 
 
