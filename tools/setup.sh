@@ -81,5 +81,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
     echo "$want" > "$stamp"
 fi
+# the user-space fast path's C helpers (cffi, API mode), rebuilt when their sources change
+fp=$ROOT/metaroce/fastpath
+if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" -name 'xsk.[ch]' -newer "$(ls "$fp"/_xsk.*.so | head -n1)")" ]; then
+    say "building the fast-path C helpers (cffi)"
+    "$VENV/bin/python" -m metaroce.fastpath.build >&2
+fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null || { echo "setup: the venv cannot import bcc (install python3-bpfcc)" >&2; exit 1; }
 say "ready ($VENV)"

@@ -1,0 +1,34 @@
+/* AF_XDP socket with its own UMEM: batched transmit from user space (copy or zero-copy mode).
+ * The C side of metaroce.fastpath.xsk; built with cffi by the setup step. */
+#ifndef METAROCE_XSK_H
+#define METAROCE_XSK_H
+
+#include <stdint.h>
+
+struct mr_xsk_stats {
+    uint64_t tx_queued;        /* descriptors handed to the kernel */
+    uint64_t tx_completed;     /* descriptors the kernel gave back */
+    uint64_t kicks;            /* sendto() wakeups */
+    uint64_t kick_busy;        /* sendto() answered EAGAIN/EBUSY/ENOBUFS: retried later */
+    uint64_t tx_ring_full;     /* frames not queued for want of a ring slot or UMEM frame */
+};
+
+struct mr_xsk;
+
+/* Open an AF_XDP socket bound to (ifindex, queue) of the calling thread's network namespace.
+ * frame_size must be 2048 or 4096; bind_flags e.g. XDP_COPY (1 << 1). NULL + *err on failure. */
+struct mr_xsk *mr_xsk_open(int ifindex, uint32_t queue, uint32_t nframes, uint32_t frame_size,
+                           uint32_t ring_size, uint16_t bind_flags, uint32_t tx_budget, int *err);
+void mr_xsk_close(struct mr_xsk *x);
+int mr_xsk_fd(struct mr_xsk *x);
+
+/* Queue n frames, packed back to back in data with their lengths in lens, and kick the kernel.
+ * Returns how many were queued (fewer when the ring or UMEM is full: call again). */
+uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens, uint32_t n);
+
+/* Reap completions; returns how many descriptors are still in flight. */
+uint32_t mr_xsk_poll_tx(struct mr_xsk *x);
+
+void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out);
+
+#endif

@@ -1,0 +1,61 @@
+"""Python face of the AF_XDP transmit helper: open a socket on a device (in a namespace),
+send batches of ready-made frames, read its counters. One call per batch, never per frame."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import MetaroceError
+
+XDP_COPY, XDP_ZEROCOPY, XDP_USE_NEED_WAKEUP = 1 << 1, 1 << 2, 1 << 3
+
+
+def _lib():
+    try:
+        from . import _xsk  # noqa: PLC0415
+    except ImportError as exc:
+        raise MetaroceError("the fast-path helper is not built: run sudo make setup "
+                            "(it builds metaroce/fastpath/_xsk with cffi)") from exc
+    return _xsk
+
+
+class XskSocket:
+    """An AF_XDP socket with a private UMEM bound to one queue of a device."""
+
+    def __init__(self, ifindex: int, queue: int = 0, *, nframes: int = 4096, frame_size: int = 4096,
+                 ring_size: int = 2048, bind_flags: int = XDP_COPY, tx_budget: int = 512):
+        mod = _lib()
+        self._ffi, self._c = mod.ffi, mod.lib
+        err = self._ffi.new("int *")
+        self._x = self._c.mr_xsk_open(ifindex, queue, nframes, frame_size, ring_size, bind_flags,
+                                      tx_budget, err)
+        if self._x == self._ffi.NULL:
+            raise MetaroceError(f"AF_XDP socket on ifindex {ifindex} queue {queue}: "
+                                f"{os.strerror(err[0])}")
+        self.frame_size = frame_size
+
+    def close(self) -> None:
+        if self._x is not None:
+            self._c.mr_xsk_close(self._x)
+            self._x = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, frames: list[bytes]) -> int:
+        """Queue a batch of frames; returns how many the rings accepted."""
+        lens = self._ffi.new("uint32_t[]", [len(f) for f in frames])
+        data = b"".join(frames)
+        return self._c.mr_xsk_send(self._x, data, lens, len(frames))
+
+    def in_flight(self) -> int:
+        return self._c.mr_xsk_poll_tx(self._x)
+
+    def stats(self) -> dict:
+        st = self._ffi.new("struct mr_xsk_stats *")
+        self._c.mr_xsk_get_stats(self._x, st)
+        return {k: getattr(st, k) for k in ("tx_queued", "tx_completed", "kicks", "kick_busy",
+                                            "tx_ring_full")}
