@@ -24,6 +24,10 @@ def lib():
         _lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                              ctypes.c_uint64]
         _lib.libbpf_num_possible_cpus.argtypes = []
+        _lib.bpf_map_create.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32,
+                                        ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
+        _lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        _lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.c_void_p]
     return _lib
 
 
@@ -82,6 +86,58 @@ class PinnedMap:
         k = ctypes.c_uint32(key)
         buf = ctypes.create_string_buffer(value, len(value))
         _check(lib().bpf_map_update_elem(self.fd, ctypes.byref(k), buf, 0), f"update {self.path}[{key}]")
+
+
+BPF_MAP_TYPE_ARRAY = 2
+BPF_F_MMAPABLE = 1 << 10
+BPF_F_INNER_MAP = 1 << 12
+
+
+class _MapCreateOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("btf_fd", ctypes.c_uint32),
+                ("btf_key_type_id", ctypes.c_uint32), ("btf_value_type_id", ctypes.c_uint32),
+                ("btf_vmlinux_value_type_id", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
+                ("map_flags", ctypes.c_uint32), ("map_extra", ctypes.c_uint64),
+                ("numa_node", ctypes.c_uint32), ("map_ifindex", ctypes.c_uint32)]
+
+
+def map_create(map_type: int, name: str, key_size: int, value_size: int, entries: int,
+               flags: int = 0) -> int:
+    opts = _MapCreateOpts(sz=ctypes.sizeof(_MapCreateOpts), map_flags=flags)
+    return _check(lib().bpf_map_create(map_type, name.encode()[:15], key_size, value_size, entries,
+                                       ctypes.byref(opts)), f"bpf_map_create {name}")
+
+
+def map_update_raw(fd: int, key: bytes, value: bytes) -> None:
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value, len(value))
+    _check(lib().bpf_map_update_elem(fd, k, v, 0), "bpf_map_update_elem")
+
+
+def map_delete_raw(fd: int, key: bytes) -> None:
+    k = ctypes.create_string_buffer(key, len(key))
+    _check(lib().bpf_map_delete_elem(fd, k), "bpf_map_delete_elem")
+
+
+class _TestRunOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int), ("duration", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32)]
+
+
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
+    """Run a loaded program on one packet (BPF_PROG_TEST_RUN): (return value, output packet,
+    mean duration in ns)."""
+    inp = ctypes.create_string_buffer(packet, len(packet))
+    out = ctypes.create_string_buffer(len(packet) + 512)
+    o = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts), data_in=ctypes.addressof(inp),
+                     data_out=ctypes.addressof(out), data_size_in=len(packet),
+                     data_size_out=len(out), repeat=repeat)
+    _check(lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(o)), "bpf_prog_test_run_opts")
+    return o.retval, out.raw[:o.data_size_out], o.duration
 
 
 def is_bpffs(path: str = "/sys/fs/bpf") -> bool:

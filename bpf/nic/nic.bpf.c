@@ -1,0 +1,132 @@
+/* The MetaRoCE NIC, receive path (first slice): RoCEv2 RC RDMA WRITE in compat mode (in-order
+ * PSNs). Checks QP, PSN, opcode sequence, rkey, PD, access and bounds, then copies the payload
+ * straight into the MR's memory (an mmap-able array map found by rkey). Everything else that is
+ * RoCE goes to user space (XDP_PASS for now); everything that is not RoCE passes untouched.
+ * Map syntax is rewritten by BCC only in this file, so all lookups live here. */
+#include "nic_maps.h"
+#include "nic_parse.h"
+
+static __always_inline int verdict(u32 reason, int action)
+{
+    u64 *c = rx_counters.lookup(&reason);
+    if (c)
+        (*c)++;
+    return action;
+}
+
+/* Copy len payload bytes at pkt_off into the MR at byte offset off. The destination offset is
+ * checked at run time (a dynptr over the chunk), so any alignment works and a payload may
+ * straddle two chunks. Returns 0 on success. */
+static __always_inline int place(struct xdp_md *ctx, void *mem, u64 off, u32 pkt_off, u32 len,
+                                 struct scratch *s)
+{
+    if (len == 0)
+        return 0;
+    if (len > MAX_PAYLOAD)
+        return -1;
+    len = ((len - 1) & (MAX_PAYLOAD - 1)) + 1;
+    u32 idx = off / MR_CHUNK, o = off % MR_CHUNK;
+    u32 first = MR_CHUNK - o;
+    if (first > len)
+        first = len;
+    first = ((first - 1) & (MAX_PAYLOAD - 1)) + 1;
+    struct mr_chunk *c = bpf_map_lookup_elem(mem, &idx);
+    if (!c || bpf_xdp_load_bytes(ctx, pkt_off, s->b, first))
+        return -1;
+    struct bpf_dynptr d;
+    bpf_dynptr_from_mem(c, sizeof(*c), 0, &d);
+    if (bpf_dynptr_write(&d, o, s->b, first, 0))
+        return -1;
+    if (first == len)
+        return 0;
+    u32 rest = len - first;
+    if (rest == 0 || rest > MAX_PAYLOAD)
+        return -1;
+    rest = ((rest - 1) & (MAX_PAYLOAD - 1)) + 1;
+    idx++;
+    c = bpf_map_lookup_elem(mem, &idx);
+    if (!c || bpf_xdp_load_bytes(ctx, pkt_off + first, s->b, rest))
+        return -1;
+    struct bpf_dynptr d2;
+    bpf_dynptr_from_mem(c, sizeof(*c), 0, &d2);
+    return bpf_dynptr_write(&d2, 0, s->b, rest, 0) ? -1 : 0;
+}
+
+int nic_rx(struct xdp_md *ctx)
+{
+    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+    struct roce_pkt rp;
+    int rc = parse_roce(data, data_end, &rp);
+    if (rc == PARSE_NOT_ROCE)
+        return verdict(RX_NOT_ROCE, XDP_PASS);
+    if (rc)
+        return verdict(RX_MALFORMED, XDP_DROP);
+    struct bth bth;
+    if (bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 l4 = rp.udp_len - sizeof(struct udphdr);        /* BTH .. ICRC */
+    if (rp.bth_off + l4 > bpf_xdp_get_buff_len(ctx))
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 qpn = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
+    u32 psn = bpf_ntohl(bth.psn) & PSN_MASK;
+    u8 op = bth.opcode;
+    u32 pad = (bth.flags >> 4) & 3;
+    struct qp_rx *qp = qps.lookup(&qpn);
+    if (!qp)
+        return verdict(RX_UNKNOWN_QP, XDP_DROP);
+    if (op < RC_RDMA_WRITE_FIRST || op > RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        return verdict(RX_UNSUPPORTED_OPCODE, XDP_PASS);
+    if (psn != qp->epsn)
+        return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
+
+    int has_reth = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
+                   op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    int has_imm = op == RC_RDMA_WRITE_LAST_WITH_IMMEDIATE || op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    int ends = op != RC_RDMA_WRITE_FIRST && op != RC_RDMA_WRITE_MIDDLE;
+    u32 hdrs = BTH_LEN + (has_reth ? RETH_LEN : 0) + (has_imm ? 4 : 0);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+
+    u64 va, left;
+    u32 rkey;
+    if (has_reth) {
+        struct reth reth;
+        if (qp->state != QP_RX_IDLE)
+            return verdict(RX_BAD_OPCODE_SEQ, XDP_DROP);
+        if (bpf_xdp_load_bytes(ctx, rp.bth_off + BTH_LEN, &reth, sizeof(reth)))
+            return verdict(RX_MALFORMED, XDP_DROP);
+        va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
+        rkey = bpf_ntohl(reth.rkey);
+        left = bpf_ntohl(reth.dmalen);
+    } else {
+        if (qp->state != QP_RX_IN_WRITE)
+            return verdict(RX_BAD_OPCODE_SEQ, XDP_DROP);
+        va = qp->wr_va;
+        rkey = qp->wr_rkey;
+        left = qp->wr_left;
+    }
+    if (len > left || (ends && len != left))
+        return verdict(RX_MALFORMED, XDP_DROP);      /* payload and DMA length disagree */
+
+    struct mr_info *mr = mr_infos.lookup(&rkey);
+    void *mem = mrs.lookup(&rkey);
+    if (!mr || !mem)
+        return verdict(RX_BAD_RKEY, XDP_DROP);
+    if (mr->pd != qp->pd || !(mr->access & ACCESS_REMOTE_WRITE))
+        return verdict(RX_MR_ACCESS, XDP_DROP);
+    if (va < mr->va || va - mr->va > mr->length || len > mr->length - (va - mr->va))
+        return verdict(RX_MR_BOUNDS, XDP_DROP);
+
+    u32 zero = 0;
+    struct scratch *s = scratch.lookup(&zero);
+    if (!s || place(ctx, mem, va - mr->va, rp.bth_off + hdrs, len, s))
+        return verdict(RX_MR_BOUNDS, XDP_DROP);
+
+    qp->wr_va = va + len;
+    qp->wr_rkey = rkey;
+    qp->wr_left = left - len;
+    qp->state = ends ? QP_RX_IDLE : QP_RX_IN_WRITE;
+    qp->epsn = (psn + 1) & PSN_MASK;
+    return verdict(RX_PLACED, XDP_DROP);   /* consumed; ACK generation (XDP_TX) comes next */
+}

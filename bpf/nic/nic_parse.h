@@ -1,0 +1,75 @@
+/* Parsing Ethernet / IPv4 or IPv6 / UDP 4791 / BTH with direct packet access: every pointer is
+ * checked against data_end where it is formed. */
+#ifndef __NIC_PARSE_H
+#define __NIC_PARSE_H
+
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include <uapi/linux/udp.h>
+#include "nic_consts.h"
+
+struct bth {
+    __u8 opcode;
+    __u8 flags;       /* SE, M, PadCnt (2 bits), TVer (4 bits) */
+    __be16 pkey;
+    __be32 dqpn;      /* resv8 | DestQP (24) */
+    __be32 psn;       /* AckReq | resv7 | PSN (24) */
+};
+
+struct reth {
+    __be32 va_hi;
+    __be32 va_lo;
+    __be32 rkey;
+    __be32 dmalen;
+};
+
+struct roce_pkt {
+    __u32 bth_off;    /* offset of the BTH from the start of the frame */
+    __u32 udp_len;    /* UDP length field: BTH .. ICRC */
+};
+
+#define PARSE_NOT_ROCE 1
+#define PARSE_MALFORMED 2
+
+/* 0 and *rp filled when the frame is RoCEv2; else PARSE_NOT_ROCE or PARSE_MALFORMED. */
+static __always_inline int parse_roce(void *data, void *data_end, struct roce_pkt *rp)
+{
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > data_end)
+        return PARSE_NOT_ROCE;
+    struct udphdr *udp;
+    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = (void *)(eth + 1);
+        if ((void *)(ip + 1) > data_end)
+            return PARSE_NOT_ROCE;
+        if (ip->protocol != IPPROTO_UDP)
+            return PARSE_NOT_ROCE;
+        if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+            return PARSE_NOT_ROCE;    /* options or fragments: not ours to parse */
+        udp = (void *)(ip + 1);
+    } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = (void *)(eth + 1);
+        if ((void *)(ip6 + 1) > data_end)
+            return PARSE_NOT_ROCE;
+        if (ip6->nexthdr != IPPROTO_UDP)
+            return PARSE_NOT_ROCE;
+        udp = (void *)(ip6 + 1);
+    } else {
+        return PARSE_NOT_ROCE;
+    }
+    if ((void *)(udp + 1) > data_end)
+        return PARSE_NOT_ROCE;
+    if (udp->dest != bpf_htons(ROCE_UDP_PORT))
+        return PARSE_NOT_ROCE;
+    rp->bth_off = (void *)(udp + 1) - data;
+    rp->udp_len = bpf_ntohs(udp->len);
+    if (rp->udp_len < sizeof(struct udphdr) + BTH_LEN + ICRC_LEN)
+        return PARSE_MALFORMED;
+    if ((void *)(udp + 1) + BTH_LEN > data_end)
+        return PARSE_MALFORMED;
+    return 0;
+}
+
+#endif

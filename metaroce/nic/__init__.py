@@ -1,0 +1,1 @@
+"""The software RDMA NIC: XDP receive path and its control plane (memory registration, QPs)."""

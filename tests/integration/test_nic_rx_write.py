@@ -1,0 +1,139 @@
+"""The NIC receive path places RDMA WRITE payloads straight into registered memory, in the
+kernel, after QP / PSN / opcode-sequence / rkey / PD / access / bounds checks; everything else
+is dropped and counted by reason, or passed on. Packets are built with scapy.contrib.roce (an
+independent encoder, which also computes the ICRC) and run through the loaded program with
+BPF_PROG_TEST_RUN."""
+
+import struct
+
+import pytest
+from scapy.contrib.roce import BTH
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, RxPath
+
+XDP_DROP, XDP_PASS = 1, 2
+QPN, PD = 0x000123, 7
+WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x0A, 0x0B
+SEND_ONLY = 0x04
+
+
+@pytest.fixture(scope="module")
+def rx():
+    path = RxPath(max_qps=64, max_mrs=64)
+    yield path
+    path.close()
+
+
+def reth(va, rkey, length):
+    return struct.pack("!QII", va, rkey, length)
+
+
+def pkt(opcode, psn, body, qpn=QPN, v6=False, pad=0):
+    ip = IPv6(src="fd00::1", dst="fd00::2") if v6 else IP(src="10.0.0.1", dst="10.0.0.2")
+    return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / ip /
+                 UDP(sport=49152, dport=4791) /
+                 BTH(opcode=opcode, padcount=pad, dqpn=qpn, psn=psn, ackreq=1) / Raw(body + b"\0" * pad))
+
+
+def delta(rx, before):
+    after = rx.counters()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def test_write_only_is_placed_in_the_kernel(rx):
+    mr = rx.reg_mr(1 << 20, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=1000, pd=PD)
+    data = bytes(range(256)) * 8
+    before = rx.counters()
+    rc, _, _ = rx.run(pkt(WRITE_ONLY, 1000, reth(mr.addr + 4096, mr.rkey, len(data)) + data))
+    assert rc == XDP_DROP and delta(rx, before) == {"placed": 1}
+    assert bytes(mr.buf[4096:4096 + len(data)]) == data
+    assert rx.qp_state(QPN)["epsn"] == 1001
+    rx.dereg_mr(mr)
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_multi_packet_write_across_a_chunk_boundary(rx, v6):
+    mr = rx.reg_mr(3 * 65536, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=0xFFFFFE, pd=PD)         # the PSN wraps at 2^24 mid-message
+    msg = bytes((i * 7) & 0xFF for i in range(3 * 4096))
+    start = 65536 - 5000                          # the 2nd packet straddles chunks 0 and 1
+    psn = 0xFFFFFE
+    parts = [(WRITE_FIRST, reth(mr.addr + start, mr.rkey, len(msg)) + msg[:4096]),
+             (WRITE_MIDDLE, msg[4096:8192]), (WRITE_LAST, msg[8192:])]
+    for op, body in parts:
+        rc, _, _ = rx.run(pkt(op, psn, body, v6=v6))
+        assert rc == XDP_DROP
+        psn = (psn + 1) & 0xFFFFFF
+    assert bytes(mr.buf[start:start + len(msg)]) == msg
+    st = rx.qp_state(QPN)
+    assert st["epsn"] == 1 and st["state"] == 0 and st["wr_left"] == 0
+    rx.dereg_mr(mr)
+
+
+def test_pad_count_and_immediate_are_excluded_from_the_payload(rx):
+    mr = rx.reg_mr(8192, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=5, pd=PD)
+    data = b"xyz"
+    body = reth(mr.addr, mr.rkey, 3) + struct.pack("!I", 0xCAFE) + data
+    rc, _, _ = rx.run(pkt(WRITE_ONLY_IMM, 5, body, pad=1))
+    assert rc == XDP_DROP
+    assert bytes(mr.buf[:4]) == b"xyz\0"
+    rx.dereg_mr(mr)
+
+
+def test_bad_packets_are_dropped_by_reason_and_write_nothing(rx):
+    mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
+    ro = rx.reg_mr(65536, PD, ACCESS_REMOTE_READ)
+    other_pd = rx.reg_mr(65536, PD + 1, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=10, pd=PD)
+    data = b"\xAA" * 512
+    cases = [
+        ("unknown_qp", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512) + data, qpn=0x999)),
+        ("psn_out_of_order", pkt(WRITE_ONLY, 11, reth(mr.addr, mr.rkey, 512) + data)),
+        ("psn_out_of_order", pkt(WRITE_ONLY, 9, reth(mr.addr, mr.rkey, 512) + data)),
+        ("bad_opcode_seq", pkt(WRITE_MIDDLE, 10, data)),
+        ("bad_rkey", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey ^ 1, 512) + data)),
+        ("mr_access", pkt(WRITE_ONLY, 10, reth(ro.addr, ro.rkey, 512) + data)),
+        ("mr_access", pkt(WRITE_ONLY, 10, reth(other_pd.addr, other_pd.rkey, 512) + data)),
+        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(mr.addr + 65536 - 100, mr.rkey, 512) + data)),
+        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(mr.addr - 1, mr.rkey, 512) + data)),
+        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(2**64 - 256, mr.rkey, 512) + data)),
+        ("malformed", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 100) + data)),  # length mismatch
+        ("malformed", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512))[:60]),   # truncated
+    ]
+    for reason, p in cases:
+        before = rx.counters()
+        rc, _, _ = rx.run(p)
+        assert rc == XDP_DROP and delta(rx, before) == {reason: 1}, (reason, delta(rx, before))
+    for region in (mr, ro, other_pd):
+        assert bytes(region.buf) == bytes(len(region.buf)), "a dropped packet wrote memory"
+    assert rx.qp_state(QPN)["epsn"] == 10
+    for region in (mr, ro, other_pd):
+        rx.dereg_mr(region)
+
+
+def test_dereg_invalidates_the_rkey_at_once(rx):
+    mr = rx.reg_mr(4096, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=0, pd=PD)
+    rkey, addr = mr.rkey, mr.addr
+    rx.dereg_mr(mr)
+    before = rx.counters()
+    rc, _, _ = rx.run(pkt(WRITE_ONLY, 0, reth(addr, rkey, 8) + b"12345678"))
+    assert rc == XDP_DROP and delta(rx, before) == {"bad_rkey": 1}
+
+
+def test_other_traffic_passes_untouched(rx):
+    rx.set_qp(QPN, epsn=0, pd=PD)
+    arp = bytes(Ether() / ARP())
+    udp = bytes(Ether() / IP() / UDP(dport=5000) / Raw(b"hi"))
+    send = pkt(SEND_ONLY, 0, b"not handled in the kernel yet")
+    for p, reason in ((arp, "not_roce"), (udp, "not_roce"), (send, "unsupported_opcode")):
+        before = rx.counters()
+        rc, out, _ = rx.run(p)
+        assert rc == XDP_PASS and out == p and delta(rx, before) == {reason: 1}
+
