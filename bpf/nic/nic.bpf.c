@@ -52,6 +52,59 @@ static __always_inline int place(struct xdp_md *ctx, void *mem, u64 off, u32 pkt
     return bpf_dynptr_write(&d2, 0, s->b, rest, 0) ? -1 : 0;
 }
 
+/* Verify the ICRC: 8 x 0xFF, masked IP/UDP/BTH, then everything after the BTH but the ICRC. */
+static __always_inline int icrc_ok(struct xdp_md *ctx, const struct roce_pkt *rp, u32 l4)
+{
+    u32 zero = 0;
+    struct crc_tables *T = crc_tab.lookup(&zero);
+    struct icrc_scratch *s = icrc_scratch.lookup(&zero);
+    if (!T || !s)
+        return 0;
+    u32 l3 = sizeof(struct ethhdr);
+    u32 hlen = rp->ipver == 4 ? 20 + 8 + BTH_LEN : 40 + 8 + BTH_LEN;
+    __builtin_memset(s->b, 0xff, 8);
+    if (bpf_xdp_load_bytes(ctx, l3, s->b + 8, hlen))
+        return 0;
+    __u8 *h = s->b + 8;
+    if (rp->ipver == 4) {
+        h[1] = 0xff;                       /* TOS */
+        h[8] = 0xff;                       /* TTL */
+        h[10] = h[11] = 0xff;              /* header checksum */
+        h[20 + 6] = h[20 + 7] = 0xff;      /* UDP checksum */
+        h[28 + 4] = 0xff;                  /* BTH resv8a */
+    } else {
+        h[0] |= 0x0f;                      /* traffic class, flow label */
+        h[1] = h[2] = h[3] = 0xff;
+        h[7] = 0xff;                       /* hop limit */
+        h[40 + 6] = h[40 + 7] = 0xff;
+        h[48 + 4] = 0xff;
+    }
+    u32 crc = crc_tail(0xffffffff, s->b, 8 + hlen, T);
+    u32 off = rp->bth_off + BTH_LEN, end = rp->bth_off + l4 - ICRC_LEN;
+#pragma clang loop unroll(disable)
+    for (u32 c = 0; c < ICRC_MAX_CHUNKS; c++) {
+        if (off + ICRC_CHUNK > end)
+            break;
+        if (bpf_xdp_load_bytes(ctx, off, s->b, ICRC_CHUNK))
+            return 0;
+        crc = crc_chunk(crc, s->b, T);
+        off += ICRC_CHUNK;
+    }
+    if (off < end) {
+        u32 n = end - off;                 /* 1 .. ICRC_CHUNK - 1 */
+        if (n >= ICRC_CHUNK)
+            return 0;
+        n = ((n - 1) & (ICRC_CHUNK - 1)) + 1;
+        if (bpf_xdp_load_bytes(ctx, off, s->b, n))
+            return 0;
+        crc = crc_tail(crc, s->b, n, T);
+    }
+    __u32 wire;
+    if (bpf_xdp_load_bytes(ctx, end, &wire, 4))
+        return 0;
+    return wire == ~crc;                   /* the ICRC travels least significant byte first */
+}
+
 int nic_rx(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
@@ -76,6 +129,8 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_UNKNOWN_QP, XDP_DROP);
     if (op < RC_RDMA_WRITE_FIRST || op > RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_PASS);
+    if (!icrc_ok(ctx, &rp, l4))
+        return verdict(RX_BAD_ICRC, XDP_DROP);
     if (psn != qp->epsn)
         return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
 

@@ -47,6 +47,7 @@
 #define RX_MR_BOUNDS 7            /* outside the registered region */
 #define RX_MR_ACCESS 8            /* region lacks remote write access or is another PD's */
 #define RX_UNSUPPORTED_OPCODE 9   /* not handled in the kernel (yet): passed to user space */
-#define RX_NREASONS 10
+#define RX_BAD_ICRC 10
+#define RX_NREASONS 11
 
 #endif

@@ -26,6 +26,7 @@ struct reth {
 };
 
 struct roce_pkt {
+    __u32 ipver;
     __u32 bth_off;    /* offset of the BTH from the start of the frame */
     __u32 udp_len;    /* UDP length field: BTH .. ICRC */
 };
@@ -49,6 +50,7 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
         if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
             return PARSE_NOT_ROCE;    /* options or fragments: not ours to parse */
         udp = (void *)(ip + 1);
+        rp->ipver = 4;
     } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
         if ((void *)(ip6 + 1) > data_end)
@@ -56,6 +58,7 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
         if (ip6->nexthdr != IPPROTO_UDP)
             return PARSE_NOT_ROCE;
         udp = (void *)(ip6 + 1);
+        rp->ipver = 6;
     } else {
         return PARSE_NOT_ROCE;
     }

@@ -16,7 +16,23 @@ from ..kern.bcc_loader import compile_program, load
 MR_CHUNK = 65536
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
 RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order",
-              "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode")
+              "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
+              "bad_icrc")
+
+
+def crc32_slice8_tables() -> bytes:
+    """The 8 x 256 tables of slice-by-8 CRC-32 (reflected 0xEDB88320), as struct crc_tables."""
+    t0 = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        t0.append(c)
+    tables = [t0]
+    for _ in range(7):
+        prev = tables[-1]
+        tables.append([(v >> 8) ^ t0[v & 0xFF] for v in prev])
+    return b"".join(struct.pack("=256I", *t) for t in tables)
 _QP = struct.Struct("=IIIIQQ")       # struct qp_rx
 _MR_INFO = struct.Struct("=QQII")    # struct mr_info
 
@@ -44,6 +60,7 @@ class RxPath:
         self._mrs_fd = self.bpf[b"mrs"].map_fd
         self._info_fd = self.bpf[b"mr_infos"].map_fd
         self._qps_fd = self.bpf[b"qps"].map_fd
+        libbpf.map_update_raw(self.bpf[b"crc_tab"].map_fd, struct.pack("=I", 0), crc32_slice8_tables())
         self.mrs: dict[int, MemoryRegion] = {}
 
     def close(self) -> None:

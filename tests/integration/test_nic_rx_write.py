@@ -117,6 +117,44 @@ def test_bad_packets_are_dropped_by_reason_and_write_nothing(rx):
         rx.dereg_mr(region)
 
 
+@pytest.mark.parametrize("v6", [False, True])
+def test_icrc_is_verified_before_placement(rx, v6):
+    mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=0, pd=PD)
+    data = bytes(range(200)) * 7                  # 1400 B: full ICRC chunks plus a tail
+    good = bytearray(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, len(data)) + data, v6=v6))
+    for flip in (len(good) - 100, len(good) - 1, 14 + (40 if v6 else 20) + 8 + 2):
+        bad = bytearray(good)
+        bad[flip] ^= 0x01                         # payload, ICRC itself, BTH P_Key
+        before = rx.counters()
+        rc, _, _ = rx.run(bytes(bad))
+        assert rc == XDP_DROP and delta(rx, before) == {"bad_icrc": 1}, flip
+    assert bytes(mr.buf) == bytes(len(mr.buf)), "a packet with a bad ICRC wrote memory"
+    # fields the ICRC masks (TTL / hop limit, ECN) may change in flight
+    masked = bytearray(good)
+    masked[14 + (7 if v6 else 8)] -= 1
+    masked[14 + 1] |= 0x03 if not v6 else 0x30
+    if not v6:      # keep the IPv4 header checksum honest for the decrement and CE mark
+        masked[14 + 10:14 + 12] = b"\0\0"
+        from scapy.layers.inet import checksum
+        masked[14 + 10:14 + 12] = checksum(bytes(masked[14:34])).to_bytes(2, "big")
+    rc, _, _ = rx.run(bytes(masked))
+    assert rc == XDP_DROP and bytes(mr.buf[:len(data)]) == data
+    rx.dereg_mr(mr)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 255, 256, 257, 4096])
+def test_icrc_every_length_class(rx, size):
+    mr = rx.reg_mr(8192, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=0, pd=PD)
+    data = bytes((i * 31) & 0xFF for i in range(size))
+    before = rx.counters()
+    rc, _, _ = rx.run(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, size) + data))
+    assert rc == XDP_DROP and delta(rx, before) == {"placed": 1}
+    assert bytes(mr.buf[:size]) == data
+    rx.dereg_mr(mr)
+
+
 def test_dereg_invalidates_the_rkey_at_once(rx):
     mr = rx.reg_mr(4096, PD, ACCESS_REMOTE_WRITE)
     rx.set_qp(QPN, epsn=0, pd=PD)
