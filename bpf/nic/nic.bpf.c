@@ -1,7 +1,9 @@
 /* The MetaRoCE NIC, receive path (first slice): RoCEv2 RC RDMA WRITE in compat mode (in-order
- * PSNs). Checks QP, PSN, opcode sequence, rkey, PD, access and bounds, then copies the payload
- * straight into the MR's memory (an mmap-able array map found by rkey). Everything else that is
- * RoCE goes to user space (XDP_PASS for now); everything that is not RoCE passes untouched.
+ * PSNs). Checks QP and ICRC, then PSN (a gap is NAKed once, a duplicate re-ACKed), opcode
+ * sequence, rkey, PD, access and bounds, then copies the payload straight into the MR's memory
+ * (an mmap-able array map found by rkey) and, when the requester asked (AckReq), turns the
+ * packet into its ACK (XDP_TX). Other RoCE opcodes go to user space (XDP_PASS for now);
+ * everything that is not RoCE passes untouched.
  * Map syntax is rewritten by BCC only in this file, so all lookups live here. */
 #include "nic_maps.h"
 #include "nic_parse.h"
@@ -105,6 +107,29 @@ static __always_inline int icrc_ok(struct xdp_md *ctx, const struct roce_pkt *rp
     return wire == ~crc;                   /* the ICRC travels least significant byte first */
 }
 
+/* Send an ACK/NAK back out of the port the request came in on (XDP_TX). */
+static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp, u32 dqpn, u32 psn,
+                                 u8 syndrome, u32 msn, u32 reason, u32 txc)
+{
+    u32 zero = 0;
+    struct crc_tables *T = crc_tab.lookup(&zero);
+    struct icrc_scratch *s = icrc_scratch.lookup(&zero);
+    if (!T || !s)
+        return verdict(reason, XDP_DROP);
+    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+    u32 len = rp->ipver == 6 ? build_ack(data, data_end, 1, dqpn, psn, syndrome, msn, T, s)
+                             : build_ack(data, data_end, 0, dqpn, psn, syndrome, msn, T, s);
+    if (!len)
+        return verdict(RX_MALFORMED, XDP_DROP);
+    int delta = (int)len - (int)bpf_xdp_get_buff_len(ctx);
+    if (delta && bpf_xdp_adjust_tail(ctx, delta))
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u64 *c = tx_counters.lookup(&txc);
+    if (c)
+        (*c)++;
+    return verdict(reason, XDP_TX);
+}
+
 int nic_rx(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
@@ -122,6 +147,7 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_MALFORMED, XDP_DROP);
     u32 qpn = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
     u32 psn = bpf_ntohl(bth.psn) & PSN_MASK;
+    int ackreq = !!(bpf_ntohl(bth.psn) & BTH_ACKREQ);
     u8 op = bth.opcode;
     u32 pad = (bth.flags >> 4) & 3;
     struct qp_rx *qp = qps.lookup(&qpn);
@@ -131,8 +157,18 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_PASS);
     if (!icrc_ok(ctx, &rp, l4))
         return verdict(RX_BAD_ICRC, XDP_DROP);
-    if (psn != qp->epsn)
-        return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
+    /* compat mode (go-back-N): only the expected PSN is accepted */
+    u32 ahead = (psn - qp->epsn) & PSN_MASK;
+    if (ahead && ahead < PSN_HALF) {           /* a gap: NAK it once, drop until it fills */
+        if (qp->nak_sent)
+            return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
+        qp->nak_sent = 1;
+        return reply(ctx, &rp, qp->dqpn, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn,
+                     RX_PSN_OUT_OF_ORDER, TX_NAK_SEQ);
+    }
+    if (ahead)                                 /* a duplicate: re-ACK what we have */
+        return reply(ctx, &rp, qp->dqpn, (qp->epsn - 1) & PSN_MASK, AETH_ACK_UNLIMITED, qp->msn,
+                     RX_DUPLICATE, TX_ACK);
 
     int has_reth = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
                    op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
@@ -183,5 +219,10 @@ int nic_rx(struct xdp_md *ctx)
     qp->wr_left = left - len;
     qp->state = ends ? QP_RX_IDLE : QP_RX_IN_WRITE;
     qp->epsn = (psn + 1) & PSN_MASK;
-    return verdict(RX_PLACED, XDP_DROP);   /* consumed; ACK generation (XDP_TX) comes next */
+    qp->nak_sent = 0;
+    if (ends)
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+    if (ackreq)
+        return reply(ctx, &rp, qp->dqpn, psn, AETH_ACK_UNLIMITED, qp->msn, RX_PLACED, TX_ACK);
+    return verdict(RX_PLACED, XDP_DROP);       /* consumed; a later AckReq acknowledges it */
 }

@@ -23,7 +23,15 @@
 #define RC_RDMA_WRITE_ONLY 0x0A
 #define RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE 0x0B
 
+#define RC_ACKNOWLEDGE 0x11
+#define AETH_LEN 4
+#define AETH_ACK_UNLIMITED 0x1F   /* ACK, credits invalid */
+#define AETH_NAK_PSN_SEQ 0x60     /* NAK, PSN sequence error */
+#define ACK_TTL 64
+
 #define PSN_MASK 0xFFFFFF
+#define PSN_HALF 0x800000         /* PSNs ahead by less than this are "ahead" */
+#define BTH_ACKREQ 0x80000000
 
 /* Registered memory is an array map of CHUNK-byte values per MR, mmap-ed by the owner. */
 #define MR_CHUNK 65536
@@ -48,6 +56,12 @@
 #define RX_MR_ACCESS 8            /* region lacks remote write access or is another PD's */
 #define RX_UNSUPPORTED_OPCODE 9   /* not handled in the kernel (yet): passed to user space */
 #define RX_BAD_ICRC 10
-#define RX_NREASONS 11
+#define RX_DUPLICATE 11           /* already received: re-acknowledged, not placed again */
+#define RX_NREASONS 12
+
+/* Replies generated in the kernel (index into tx_counters). */
+#define TX_ACK 0
+#define TX_NAK_SEQ 1
+#define TX_NCOUNTERS 2
 
 #endif

@@ -23,6 +23,10 @@ struct qp_rx {
     __u32 wr_rkey;    /* the WRITE in progress */
     __u64 wr_va;      /* where its next packet lands */
     __u64 wr_left;    /* bytes of it still to come */
+    __u32 dqpn;       /* the peer's QPN: destination of our ACKs */
+    __u32 msn;        /* messages completed (24 bits on the wire) */
+    __u32 nak_sent;   /* a PSN sequence NAK is outstanding for this gap */
+    __u32 pad;
 };
 
 struct scratch {

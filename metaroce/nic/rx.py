@@ -17,7 +17,8 @@ MR_CHUNK = 65536
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
 RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order",
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
-              "bad_icrc")
+              "bad_icrc", "duplicate")
+TX_COUNTERS = ("ack", "nak_seq")
 
 
 def crc32_slice8_tables() -> bytes:
@@ -33,7 +34,7 @@ def crc32_slice8_tables() -> bytes:
         prev = tables[-1]
         tables.append([(v >> 8) ^ t0[v & 0xFF] for v in prev])
     return b"".join(struct.pack("=256I", *t) for t in tables)
-_QP = struct.Struct("=IIIIQQ")       # struct qp_rx
+_QP = struct.Struct("=IIIIQQIIII")   # struct qp_rx
 _MR_INFO = struct.Struct("=QQII")    # struct mr_info
 
 
@@ -68,12 +69,15 @@ class RxPath:
             self.dereg_mr(mr)
         self.bpf.cleanup()
 
-    def set_qp(self, qpn: int, epsn: int, pd: int) -> None:
-        libbpf.map_update_raw(self._qps_fd, struct.pack("=I", qpn), _QP.pack(epsn, pd, 0, 0, 0, 0))
+    def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0) -> None:
+        """Receive state of a QP in RTR: what it expects next and whom it acknowledges."""
+        libbpf.map_update_raw(self._qps_fd, struct.pack("=I", qpn),
+                              _QP.pack(epsn, pd, 0, 0, 0, 0, dqpn, msn, 0, 0))
 
     def qp_state(self, qpn: int) -> dict:
         raw = self.bpf[b"qps"][self.bpf[b"qps"].Key(qpn)]
-        return {"epsn": raw.epsn, "state": raw.state, "wr_va": raw.wr_va, "wr_left": raw.wr_left}
+        return {f: getattr(raw, f) for f in ("epsn", "state", "wr_va", "wr_left", "dqpn", "msn",
+                                             "nak_sent")}
 
     def reg_mr(self, length: int, pd: int, access: int, addr: int | None = None) -> MemoryRegion:
         """Register `length` bytes of new memory; the rkey is random (unpredictable)."""
@@ -105,8 +109,11 @@ class RxPath:
         os.close(mr.fd)
 
     def counters(self) -> dict:
-        table = self.bpf[b"rx_counters"]
-        return {name: sum(table[table.Key(i)]) for i, name in enumerate(RX_REASONS)}
+        """Receive verdicts by reason, and replies sent (`tx_*`), summed over CPUs."""
+        rx, tx = self.bpf[b"rx_counters"], self.bpf[b"tx_counters"]
+        out = {name: sum(rx[rx.Key(i)]) for i, name in enumerate(RX_REASONS)}
+        out.update({f"tx_{name}": sum(tx[tx.Key(i)]) for i, name in enumerate(TX_COUNTERS)})
+        return out
 
     def run(self, packet: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
         return libbpf.prog_test_run(self.prog_fd, packet, repeat)

@@ -1,6 +1,7 @@
 """The NIC receive path places RDMA WRITE payloads straight into registered memory, in the
-kernel, after QP / PSN / opcode-sequence / rkey / PD / access / bounds checks; everything else
-is dropped and counted by reason, or passed on. Packets are built with scapy.contrib.roce (an
+kernel, after QP / ICRC / PSN / opcode-sequence / rkey / PD / access / bounds checks, and
+acknowledges them (XDP_TX) when asked; gaps are NAKed once, duplicates re-ACKed; everything
+else is dropped and counted by reason, or passed on. Packets are built with scapy.contrib.roce (an
 independent encoder, which also computes the ICRC) and run through the loaded program with
 BPF_PROG_TEST_RUN."""
 
@@ -15,8 +16,8 @@ from scapy.packet import Raw
 
 from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, RxPath
 
-XDP_DROP, XDP_PASS = 1, 2
-QPN, PD = 0x000123, 7
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
+QPN, PD, PEER_QPN = 0x000123, 7, 0x000456
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x0A, 0x0B
 SEND_ONLY = 0x04
 
@@ -32,11 +33,12 @@ def reth(va, rkey, length):
     return struct.pack("!QII", va, rkey, length)
 
 
-def pkt(opcode, psn, body, qpn=QPN, v6=False, pad=0):
+def pkt(opcode, psn, body, qpn=QPN, v6=False, pad=0, ackreq=0):
     ip = IPv6(src="fd00::1", dst="fd00::2") if v6 else IP(src="10.0.0.1", dst="10.0.0.2")
     return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / ip /
                  UDP(sport=49152, dport=4791) /
-                 BTH(opcode=opcode, padcount=pad, dqpn=qpn, psn=psn, ackreq=1) / Raw(body + b"\0" * pad))
+                 BTH(opcode=opcode, padcount=pad, dqpn=qpn, psn=psn, ackreq=ackreq) /
+                 Raw(body + b"\0" * pad))
 
 
 def delta(rx, before):
@@ -94,8 +96,6 @@ def test_bad_packets_are_dropped_by_reason_and_write_nothing(rx):
     data = b"\xAA" * 512
     cases = [
         ("unknown_qp", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512) + data, qpn=0x999)),
-        ("psn_out_of_order", pkt(WRITE_ONLY, 11, reth(mr.addr, mr.rkey, 512) + data)),
-        ("psn_out_of_order", pkt(WRITE_ONLY, 9, reth(mr.addr, mr.rkey, 512) + data)),
         ("bad_opcode_seq", pkt(WRITE_MIDDLE, 10, data)),
         ("bad_rkey", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey ^ 1, 512) + data)),
         ("mr_access", pkt(WRITE_ONLY, 10, reth(ro.addr, ro.rkey, 512) + data)),
@@ -115,6 +115,67 @@ def test_bad_packets_are_dropped_by_reason_and_write_nothing(rx):
     assert rx.qp_state(QPN)["epsn"] == 10
     for region in (mr, ro, other_pd):
         rx.dereg_mr(region)
+
+
+def _reply(out):
+    from metaroce.wire.headers import AETH
+    from metaroce.wire.packet import parse_frame
+    ack = parse_frame(out)                       # our codec: verifies the ICRC (raises if bad)
+    s = Ether(out)                               # scapy: independent view of IP/UDP/BTH/ICRC
+    assert s[BTH].icrc == BTH(bytes(s[BTH])).icrc
+    return ack, ack.get(AETH), s
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_ackreq_turns_the_request_into_its_ack(rx, v6):
+    mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=77, pd=PD, dqpn=PEER_QPN, msn=41)
+    data = b"\x42" * 1024
+    req = pkt(WRITE_ONLY, 77, reth(mr.addr, mr.rkey, len(data)) + data, v6=v6, ackreq=1)
+    before = rx.counters()
+    rc, out, _ = rx.run(req)
+    assert rc == XDP_TX and delta(rx, before) == {"placed": 1, "tx_ack": 1}
+    assert bytes(mr.buf[:1024]) == data
+    ack, aeth, s = _reply(out)
+    assert ack.opcode_name == "RC_ACKNOWLEDGE" and ack.bth.dest_qp == PEER_QPN and ack.bth.psn == 77
+    assert aeth.syndrome == 0x1F and aeth.msn == 42
+    assert s.src == "02:00:00:00:00:02" and s.dst == "02:00:00:00:00:01"
+    ipl = s[IPv6] if v6 else s[IP]
+    assert (ipl.src, ipl.dst) == (("fd00::2", "fd00::1") if v6 else ("10.0.0.2", "10.0.0.1"))
+    assert s[UDP].dport == 4791 and s[UDP].sport == 49152
+    if not v6:   # scapy recomputes the header checksum when asked: ours must equal it
+        fresh = s[IP].copy()
+        fresh.chksum = None
+        assert IP(bytes(fresh)).chksum == s[IP].chksum
+    else:
+        fresh = s[IPv6].copy()
+        fresh[UDP].chksum = None
+        assert IPv6(bytes(fresh))[UDP].chksum == s[UDP].chksum
+    rx.dereg_mr(mr)
+
+
+def test_gap_is_nacked_once_and_duplicates_are_reacked(rx):
+    mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=10, pd=PD, dqpn=PEER_QPN, msn=5)
+    w = lambda psn: pkt(WRITE_ONLY, psn, reth(mr.addr, mr.rkey, 64) + b"\x01" * 64)
+    before = rx.counters()
+    rc, out, _ = rx.run(w(12))                   # 10 and 11 were lost
+    assert rc == XDP_TX and delta(rx, before) == {"psn_out_of_order": 1, "tx_nak_seq": 1}
+    nak, aeth, _ = _reply(out)
+    assert aeth.syndrome == 0x60 and nak.bth.psn == 10 and aeth.msn == 5
+    before = rx.counters()
+    rc, _, _ = rx.run(w(13))                     # the same gap: no second NAK
+    assert rc == XDP_DROP and delta(rx, before) == {"psn_out_of_order": 1}
+    before = rx.counters()
+    rc, out, _ = rx.run(w(9))                    # a duplicate of something already received
+    assert rc == XDP_TX and delta(rx, before) == {"duplicate": 1, "tx_ack": 1}
+    ack, aeth, _ = _reply(out)
+    assert ack.bth.psn == 9 and aeth.syndrome == 0x1F
+    assert bytes(mr.buf[:64]) == bytes(64), "neither the gap nor the duplicate was placed"
+    rc, _, _ = rx.run(w(10))                     # the retransmission fills the gap
+    assert rc == XDP_DROP and rx.qp_state(QPN)["epsn"] == 11 and rx.qp_state(QPN)["nak_sent"] == 0
+    assert rx.qp_state(QPN)["msn"] == 6
+    rx.dereg_mr(mr)
 
 
 @pytest.mark.parametrize("v6", [False, True])
