@@ -17,6 +17,9 @@ SUBCOMMANDS = {
     "demo": "metaroce.cli.demo:demo",
     "pcap": "metaroce.cli.pcap:pcap",
     "spec": "metaroce.cli.spec:spec",
+    "up": "metaroce.cli.nic:up",
+    "down": "metaroce.cli.nic:down",
+    "status": "metaroce.cli.nic:status",
 }
 
 

@@ -140,6 +140,25 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, by
     return o.retval, out.raw[:o.data_size_out], o.duration
 
 
+BPF_XDP = 37
+XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
+
+
+class _LinkCreateOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", ctypes.c_uint32), ("_pad", ctypes.c_uint32),
+                ("_union", ctypes.c_uint64 * 8)]
+
+
+def xdp_link_create(prog_fd: int, ifindex: int, flags: int = 0) -> int:
+    """Attach an XDP program through a BPF link (in the calling thread's namespace). The
+    program stays attached exactly as long as the returned fd is open: it goes away with the
+    process that holds it, crash included."""
+    lib().bpf_link_create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    opts = _LinkCreateOpts(sz=ctypes.sizeof(_LinkCreateOpts), flags=flags)
+    return _check(lib().bpf_link_create(prog_fd, ifindex, BPF_XDP, ctypes.byref(opts)),
+                  f"bpf_link_create XDP ifindex {ifindex}")
+
+
 def is_bpffs(path: str = "/sys/fs/bpf") -> bool:
     try:
         with open("/proc/mounts") as f:

@@ -1,6 +1,5 @@
 """A rate-limited link delivers its rate (±20 %) and marks CE only under overload."""
 
-import socket
 
 import pytest
 

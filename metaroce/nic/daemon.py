@@ -1,0 +1,209 @@
+"""The software RNIC daemon (`metaroce up`): owns the XDP NIC of one device in one network
+namespace. The program is attached through a BPF link held by this process, so if the daemon
+dies for any reason the kernel stops placing and acknowledging at once. Applications talk to it
+over a local control socket (JSON lines); memory regions travel to their owner as map fds
+(SCM_RIGHTS), so an application can map only the MRs it registered."""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+
+from ..errors import MetaroceError
+from ..kern import libbpf
+from ..lab.netdev import in_netns
+from .rx import RxPath
+
+RUN_DIR = os.environ.get("METAROCE_RUN_DIR", "/run/metaroce/nic")
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device is named by its network namespace (None = the caller's) and interface."""
+    dev: str
+    netns: str | None = None
+
+    @property
+    def tag(self) -> str:
+        return f"{self.netns or 'host'}--{self.dev}"
+
+    @property
+    def sock_path(self) -> str:
+        return os.path.join(RUN_DIR, f"{self.tag}.sock")
+
+    @property
+    def pid_path(self) -> str:
+        return os.path.join(RUN_DIR, f"{self.tag}.pid")
+
+
+def running_pid(dev: DeviceId) -> int | None:
+    try:
+        pid = int(open(dev.pid_path).read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def clean_stale(dev: DeviceId) -> bool:
+    """Remove the pid file and socket of a daemon that is gone; True if there was any."""
+    if running_pid(dev) is not None:
+        return False
+    found = False
+    for p in (dev.pid_path, dev.sock_path):
+        try:
+            os.unlink(p)
+            found = True
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def _detach_netlink_xdp(ifindex: int) -> None:
+    """A netlink-attached program (e.g. the lab's pass-through) blocks link attachment."""
+    with IPRoute() as ipr:
+        ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1)]})
+
+
+class Daemon:
+    """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
+
+    def __init__(self, dev: DeviceId, mode: str = "roce"):
+        if mode not in ("roce", "metaroce"):
+            raise MetaroceError("--mode must be roce or metaroce")
+        if mode == "metaroce":
+            raise MetaroceError("--mode metaroce needs the selective-repeat data path, which is not "
+                                "built yet: use --mode roce (RoCEv2 go-back-N)")
+        self.dev, self.mode = dev, mode
+        self.started = time.time()
+        self.rx = RxPath()
+        with in_netns(dev.netns) if dev.netns else contextlib.nullcontext():
+            self.ifindex = socket.if_nametoindex(dev.dev)
+            with IPRoute() as ipr:
+                mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
+            _detach_netlink_xdp(self.ifindex)
+            self.xdp_mode, self.xdp_why = (("native", "the frame fits one page") if mtu <= 3498 else
+                                           ("generic", f"MTU {mtu} needs a frags-aware program"))
+            flags = libbpf.XDP_FLAGS_DRV_MODE if self.xdp_mode == "native" else libbpf.XDP_FLAGS_SKB_MODE
+            self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
+            os.makedirs(RUN_DIR, exist_ok=True)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                os.unlink(dev.sock_path)
+            except FileNotFoundError:
+                pass
+            self.sock.bind(dev.sock_path)
+        os.chmod(dev.sock_path, 0o660)      # root and the socket's group may use the device
+        self.sock.listen(16)
+        with open(dev.pid_path, "w") as f:
+            f.write(str(os.getpid()))
+        self._stop = False
+
+    def status(self) -> dict:
+        return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
+                "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
+                "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
+                "counters": self.rx.counters()}
+
+    def _handle(self, conn: socket.socket, line: bytes) -> None:
+        fds: list[int] = []
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "status":
+                rep = self.status()
+            elif op == "reg_mr":
+                mr = self.rx.reg_mr(int(req["length"]), int(req.get("pd", 0)), int(req["access"]))
+                rep = {"rkey": mr.rkey, "addr": mr.addr, "length": mr.length,
+                       "map_bytes": len(mr._mm)}
+                fds = [mr.fd]
+            elif op == "set_qp":
+                self.rx.set_qp(int(req["qpn"]), int(req["epsn"]), int(req["pd"]),
+                               int(req.get("dqpn", 0)))
+                rep = {"ok": True}
+            else:
+                rep = {"error": f"unknown op {op!r}"}
+        except (ValueError, KeyError, TypeError, MetaroceError, OSError) as exc:
+            rep = {"error": str(exc)}
+        data = (json.dumps(rep) + "\n").encode()
+        if fds:
+            conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        else:
+            conn.sendall(data)
+
+    def serve_forever(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        buffers: dict[socket.socket, bytes] = {}
+        try:
+            while not self._stop:
+                for key, _ in sel.select(timeout=0.5):
+                    if key.fileobj is self.sock:
+                        conn, _ = self.sock.accept()
+                        sel.register(conn, selectors.EVENT_READ)
+                        buffers[conn] = b""
+                        continue
+                    conn = key.fileobj
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        sel.unregister(conn)
+                        buffers.pop(conn, None)
+                        conn.close()
+                        continue
+                    buffers[conn] += chunk
+                    while b"\n" in buffers[conn]:
+                        line, buffers[conn] = buffers[conn].split(b"\n", 1)
+                        self._handle(conn, line)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        os.close(self.link_fd)              # detaches the program
+        self.sock.close()
+        for p in (self.dev.sock_path, self.dev.pid_path):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        self.rx.close()
+
+
+def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[int]]:
+    """One request to a running daemon; returns its reply and any fds it passed."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(dev.sock_path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise MetaroceError(f"no MetaRoCE device on {dev.dev}"
+                            f"{' in ' + dev.netns if dev.netns else ''} (start it: metaroce up "
+                            f"--dev {dev.dev})") from None
+    try:
+        s.sendall((json.dumps(req) + "\n").encode())
+        fds = array.array("i")
+        data = b""
+        while not data.endswith(b"\n"):
+            msg, anc, _flags, _addr = s.recvmsg(65536, socket.CMSG_SPACE(16 * fds.itemsize))
+            if not msg:
+                break
+            data += msg
+            for level, ctype, cdata in anc:
+                if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
+                    fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+        return json.loads(data), list(fds)
+    finally:
+        s.close()
