@@ -19,10 +19,11 @@ fi
 # python3-bpfcc: BCC (compiles and loads the XDP/tc programs); linux-headers-amd64: the
 # headers BCC compiles against; python3-venv/python3-dev/gcc: the venv and cffi helpers;
 # libbpf1: link/pin/test-run syscalls; tshark: independent RoCEv2 decoder for the codec tests;
+# libisal-dev: CRC-32 (the ICRC) at memory speed in the fast path;
 # iperf3: the TCP baseline; ethtool: queue and offload settings in labs; iputils-ping: for
 # users poking at a lab (metaroce lab exec h1 -- ping ...).
 APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev iputils-ping
-          tshark iperf3 ethtool)
+          tshark iperf3 ethtool libisal-dev)
 missing=()
 for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -83,7 +84,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
 fi
 # the user-space fast path's C helpers (cffi, API mode), rebuilt when their sources change
 fp=$ROOT/metaroce/fastpath
-if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" -name 'xsk.[ch]' -newer "$(ls "$fp"/_xsk.*.so | head -n1)")" ]; then
+if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" \( -name '*.c' -o -name '*.h' \) ! -name '_xsk.c' -newer "$(ls "$fp"/_xsk.*.so | head -n1)")" ]; then
     say "building the fast-path C helpers (cffi)"
     "$VENV/bin/python" -m metaroce.fastpath.build >&2
 fi

@@ -9,14 +9,18 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
+HEADERS = ("xsk.h", "roce_tx.h")
+SOURCES = ("xsk.c", "roce_tx.c")
 
 
 def ffibuilder() -> FFI:
     ffi = FFI()
-    header = (HERE / "xsk.h").read_text()
-    ffi.cdef("\n".join(l for l in header.splitlines() if not l.startswith("#")))
-    ffi.set_source("metaroce.fastpath._xsk", '#include "xsk.h"',
-                   sources=[str(HERE / "xsk.c")], include_dirs=[str(HERE)],
+    for name in HEADERS:
+        text = (HERE / name).read_text()
+        ffi.cdef("\n".join(l for l in text.splitlines() if not l.startswith("#")))
+    ffi.set_source("metaroce.fastpath._xsk", "".join(f'#include "{h}"\n' for h in HEADERS),
+                   sources=[str(HERE / s) for s in SOURCES], include_dirs=[str(HERE)],
+                   libraries=["isal"],
                    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])
     return ffi
 

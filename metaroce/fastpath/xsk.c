@@ -149,8 +149,14 @@ int mr_xsk_fd(struct mr_xsk *x)
     return x->fd;
 }
 
+void mr_xsk_kick(struct mr_xsk *x);
+
 uint32_t mr_xsk_poll_tx(struct mr_xsk *x)
 {
+    /* in copy mode one wakeup sends at most the TX budget: wake the kernel while the TX ring
+     * still holds descriptors it has not taken */
+    if (*x->tx.producer != __atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE))
+        mr_xsk_kick(x);
     uint32_t cons = *x->comp.consumer;
     uint32_t prod = __atomic_load_n(x->comp.producer, __ATOMIC_ACQUIRE);
     const uint64_t *addrs = x->comp.ring;
@@ -163,7 +169,7 @@ uint32_t mr_xsk_poll_tx(struct mr_xsk *x)
     return (uint32_t)(x->st.tx_queued - x->st.tx_completed);
 }
 
-static void kick(struct mr_xsk *x)
+void mr_xsk_kick(struct mr_xsk *x)
 {
     x->st.kicks++;
     if (sendto(x->fd, NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 &&
@@ -197,7 +203,7 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
     if (queued) {
         __atomic_store_n(x->tx.producer, prod, __ATOMIC_RELEASE);
         x->st.tx_queued += queued;
-        kick(x);
+        mr_xsk_kick(x);
     }
     return queued;
 }
@@ -205,4 +211,28 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
 void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out)
 {
     *out = x->st;
+}
+
+uint32_t mr_xsk_tx_room(struct mr_xsk *x)
+{
+    mr_xsk_poll_tx(x);
+    uint32_t cons = __atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE);
+    uint32_t room = x->tx.size - (*x->tx.producer - cons);
+    return room < x->nfree ? room : x->nfree;
+}
+
+uint8_t *mr_xsk_tx_frame(struct mr_xsk *x, uint32_t *cap)
+{
+    *cap = x->frame_size;
+    return x->umem + x->free_frames[x->nfree - 1];
+}
+
+void mr_xsk_tx_commit(struct mr_xsk *x, uint32_t len)
+{
+    uint64_t addr = x->free_frames[--x->nfree];
+    uint32_t prod = *x->tx.producer;
+    struct xdp_desc *descs = x->tx.ring;
+    descs[prod & x->tx.mask] = (struct xdp_desc){.addr = addr, .len = len, .options = 0};
+    __atomic_store_n(x->tx.producer, prod + 1, __ATOMIC_RELEASE);
+    x->st.tx_queued++;
 }

@@ -26,9 +26,17 @@ int mr_xsk_fd(struct mr_xsk *x);
  * Returns how many were queued (fewer when the ring or UMEM is full: call again). */
 uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens, uint32_t n);
 
-/* Reap completions; returns how many descriptors are still in flight. */
+/* Reap completions (waking the kernel if the TX ring is not drained); returns how many
+ * descriptors are still in flight. */
 uint32_t mr_xsk_poll_tx(struct mr_xsk *x);
 
 void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out);
+
+/* For builders that write frames in place (roce_tx.c): how many frames can be queued now,
+ * the next free frame's memory, and queueing it with its length; then mr_xsk_kick. */
+uint32_t mr_xsk_tx_room(struct mr_xsk *x);
+uint8_t *mr_xsk_tx_frame(struct mr_xsk *x, uint32_t *cap);
+void mr_xsk_tx_commit(struct mr_xsk *x, uint32_t len);
+void mr_xsk_kick(struct mr_xsk *x);
 
 #endif

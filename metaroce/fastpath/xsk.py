@@ -51,6 +51,36 @@ class XskSocket:
         data = b"".join(frames)
         return self._c.mr_xsk_send(self._x, data, lens, len(frames))
 
+    def flow(self, *, dmac: str, smac: str, src_ip: str, dst_ip: str, dqpn: int, sport: int,
+             tos: int = 26 << 2 | 2, ttl: int = 64, pkey: int = 0xFFFF):
+        """Header template of one QP's packets (DSCP 26 / ECT(0) by default)."""
+        import ipaddress  # noqa: PLC0415
+        f = self._ffi.new("struct mr_roce_flow *")
+        f.dmac = bytes.fromhex(dmac.replace(":", ""))
+        f.smac = bytes.fromhex(smac.replace(":", ""))
+        src, dst = ipaddress.ip_address(src_ip), ipaddress.ip_address(dst_ip)
+        f.ipv6 = int(src.version == 6)
+        f.src_ip = src.packed.ljust(16, b"\0")
+        f.dst_ip = dst.packed.ljust(16, b"\0")
+        f.tos, f.ttl, f.sport, f.pkey, f.dqpn = tos, ttl, sport, pkey, dqpn
+        return f
+
+    def send_write(self, flow, data, *, pmtu: int, psn0: int, va: int, rkey: int) -> int:
+        """Send one RDMA WRITE (segmented, checksummed and ICRC'd in C, one call per batch).
+        Returns the number of packets."""
+        buf = self._ffi.from_buffer(data)
+        off = self._ffi.new("uint64_t *", 0)
+        packets = 0
+        total = max(1, -(-len(data) // pmtu))
+        while packets < total:
+            n = self._c.mr_send_write(self._x, flow, buf, len(data), pmtu, psn0, va, rkey, off)
+            if not n:
+                if self._c.mr_xsk_poll_tx(self._x) == 0 and not self._c.mr_xsk_tx_room(self._x):
+                    raise MetaroceError(f"PMTU {pmtu} does not fit a {self.frame_size}-byte frame")
+                continue                              # rings full: completions are draining
+            packets += n
+        return packets
+
     def in_flight(self) -> int:
         return self._c.mr_xsk_poll_tx(self._x)
 
