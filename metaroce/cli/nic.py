@@ -1,8 +1,6 @@
 """`metaroce up | down | status`: the software RNIC daemon of a device."""
 
 import os
-import signal
-import time
 
 import click
 
@@ -32,41 +30,15 @@ def up(dev, netns, mode, foreground, as_json):
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
     did = _dev(dev, netns)
-    pid = d.running_pid(did)
-    if pid:
-        raise MetaroceError(f"a MetaRoCE daemon already runs on {dev} (pid {pid}): metaroce down --dev {dev}")
-    d.clean_stale(did)
     if foreground:
+        if d.running_pid(did):
+            raise MetaroceError(f"a MetaRoCE daemon already runs on {dev}: metaroce down --dev {dev}")
+        d.clean_stale(did)
         dm = d.Daemon(did, mode)
         log(f"metaroce: {dev} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
         dm.serve_forever()
         return 0
-    rfd, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:                      # the daemon
-        os.close(rfd)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        try:
-            dm = d.Daemon(did, mode)
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
-            os.write(wfd, f"error: {exc}".encode())
-            os._exit(1)
-        os.write(wfd, b"ok")
-        os.close(wfd)
-        try:
-            dm.serve_forever()
-        finally:
-            os._exit(0)
-    os.close(wfd)
-    answer = os.read(rfd, 4096).decode() or "error: the daemon died while starting"
-    os.close(rfd)
-    if answer != "ok":
-        os.waitpid(child, 0)
-        raise MetaroceError(answer.removeprefix("error: "))
-    st, _ = d.request(did, {"op": "status"})
+    st = d.start_background(did, mode)
     if as_json:
         emit_json(st)
     else:
@@ -82,23 +54,7 @@ def down(dev, netns, as_json):
     """Stop the daemon of DEV (its XDP program goes with it)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce down")
-    did = _dev(dev, netns)
-    pid = d.running_pid(did)
-    if pid is None:
-        if d.clean_stale(did):
-            result = {"dev": dev, "stopped": None, "cleaned_stale": True}
-        else:
-            raise MetaroceError(f"no MetaRoCE daemon runs on {dev}")
-    else:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if d.running_pid(did) is None:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            d.clean_stale(did)
-        result = {"dev": dev, "stopped": pid, "cleaned_stale": False}
+    result = d.stop(_dev(dev, netns))
     if as_json:
         emit_json(result)
     else:

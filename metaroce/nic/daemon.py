@@ -207,3 +207,60 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
         return json.loads(data), list(fds)
     finally:
         s.close()
+
+
+def start_background(dev: DeviceId, mode: str = "roce") -> dict:
+    """Fork a daemon for dev, wait until it serves (or report why it could not), return its
+    status."""
+    pid = running_pid(dev)
+    if pid:
+        raise MetaroceError(f"a MetaRoCE daemon already runs on {dev.dev} (pid {pid}): "
+                            f"metaroce down --dev {dev.dev}")
+    clean_stale(dev)
+    rfd, wfd = os.pipe()
+    child = os.fork()
+    if child == 0:                      # the daemon
+        os.close(rfd)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            dm = Daemon(dev, mode)
+        except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
+            os.write(wfd, f"error: {exc}".encode())
+            os._exit(1)
+        os.write(wfd, b"ok")
+        os.close(wfd)
+        try:
+            dm.serve_forever()
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    answer = os.read(rfd, 4096).decode() or "error: the daemon died while starting"
+    os.close(rfd)
+    if answer != "ok":
+        os.waitpid(child, 0)
+        raise MetaroceError(answer.removeprefix("error: "))
+    return request(dev, {"op": "status"})[0]
+
+
+def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
+    """Stop the daemon of dev (SIGTERM, then SIGKILL), or clean up after a dead one."""
+    pid = running_pid(dev)
+    if pid is None:
+        if clean_stale(dev):
+            return {"dev": dev.dev, "stopped": None, "cleaned_stale": True}
+        raise MetaroceError(f"no MetaRoCE daemon runs on {dev.dev}")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + timeout_s
+    while running_pid(dev) is not None and time.time() < deadline:
+        time.sleep(0.05)
+    if running_pid(dev) is not None:
+        os.kill(pid, signal.SIGKILL)
+        clean_stale(dev)
+    try:
+        os.waitpid(pid, os.WNOHANG)     # reap it when it is our child
+    except ChildProcessError:
+        pass
+    return {"dev": dev.dev, "stopped": pid, "cleaned_stale": False}
