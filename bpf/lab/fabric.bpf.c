@@ -60,14 +60,14 @@ int fabric_port_tc_in(struct __sk_buff *skb)
     struct pkt_info pi;
     if (port >= MAX_PORTS || !s || !sc || classify_skb(skb, &pi))
         return TC_ACT_OK;
-    if (maybe_release(skb, DIR_IN, s, sc))
+    if (maybe_release(skb, DIR_IN, s, sc, &pi))
         return TC_ACT_OK;
     struct impair_cfg *cfg = impair_cfg.lookup(&slot);
     struct impair_stats *st = impair_stats.lookup(&slot);
     struct impair_seq *sq = impair_seq.lookup(&slot);
     if (!cfg || !st || !sq || !impair_applies(cfg, &pi) || !(cfg->dup | cfg->reorder))
         return TC_ACT_OK;
-    return dup_or_hold(skb, DIR_IN, cfg, s, draw(sq, cfg->seed), st);
+    return dup_or_hold(skb, DIR_IN, cfg, s, draw(sq, cfg->seed), st, &pi);
 }
 
 static __always_inline int count_tx(struct port_stats *ps, struct __sk_buff *skb, int action)
@@ -103,7 +103,7 @@ int fabric_port_tc_out(struct __sk_buff *skb)
         else
             ps->ecn_not_ect++;
     }
-    if (maybe_release(skb, DIR_OUT, s, sc))
+    if (maybe_release(skb, DIR_OUT, s, sc, &pi))
         return count_tx(ps, skb, TC_ACT_OK);
     struct impair_cfg *cfg = impair_cfg.lookup(&slot);
     struct impair_stats *st = impair_stats.lookup(&slot);
@@ -116,5 +116,5 @@ int fabric_port_tc_out(struct __sk_buff *skb)
         st->lost++;
         return TC_ACT_SHOT;
     }
-    return count_tx(ps, skb, dup_or_hold(skb, DIR_OUT, cfg, s, roll, st));
+    return count_tx(ps, skb, dup_or_hold(skb, DIR_OUT, cfg, s, roll, st, &pi));
 }

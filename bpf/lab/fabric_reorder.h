@@ -51,11 +51,14 @@ static __always_inline int stashable(struct __sk_buff *skb)
 }
 
 /* If this slot holds a frame whose countdown ends with this frame, send this frame and then
- * the held one; returns 1 when it did (the skb now carries the held frame), else 0. */
+ * the held one; returns 1 when it did (the skb now carries the held frame), else 0.
+ * The carrier must have the held frame's shape (IP version, L4 protocol): the skb keeps its
+ * metadata (protocol, checksum offload state), which must fit the bytes it is given. */
 static __always_inline int maybe_release(struct __sk_buff *skb, int dir, struct stash *s,
-                                         struct scratch *sc)
+                                         struct scratch *sc, const struct pkt_info *pi)
 {
-    if (s->state != STASH_HELD || !stashable(skb))
+    if (s->state != STASH_HELD || !stashable(skb) || pi->ipver != s->ipver ||
+        pi->l4proto != s->l4proto)
         return 0;
     __u64 left = __sync_fetch_and_add(&s->countdown, -1);
     if (left != 1)
@@ -86,7 +89,8 @@ static __always_inline int maybe_release(struct __sk_buff *skb, int dir, struct 
 }
 
 /* Hold this frame back; returns 1 when held (caller drops the skb), 0 if the stash was busy. */
-static __always_inline int hold(struct __sk_buff *skb, struct stash *s, struct impair_cfg *cfg)
+static __always_inline int hold(struct __sk_buff *skb, struct stash *s, struct impair_cfg *cfg,
+                                const struct pkt_info *pi)
 {
     if (!stashable(skb))
         return 0;
@@ -98,6 +102,8 @@ static __always_inline int hold(struct __sk_buff *skb, struct stash *s, struct i
         return 0;
     }
     s->len = len;
+    s->ipver = pi->ipver;
+    s->l4proto = pi->l4proto;
     s->countdown = cfg->reorder_depth ? cfg->reorder_depth : 1;
     s->state = STASH_HELD;
     return 1;
@@ -106,10 +112,10 @@ static __always_inline int hold(struct __sk_buff *skb, struct stash *s, struct i
 /* Duplicate and/or hold a frame the impairment applies to. Returns a TC action. */
 static __always_inline int dup_or_hold(struct __sk_buff *skb, int dir,
                                        struct impair_cfg *cfg, struct stash *s, __u64 roll,
-                                       struct impair_stats *st)
+                                       struct impair_stats *st, const struct pkt_info *pi)
 {
     if (cfg->reorder && (__u32)mix64(roll) < cfg->reorder) {
-        if (hold(skb, s, cfg)) {
+        if (hold(skb, s, cfg, pi)) {
             st->reordered++;
             return TC_ACT_SHOT;
         }

@@ -43,7 +43,9 @@ struct stash {
     __u64 state;           /* 64-bit: BCC's BPF target has 64-bit atomics only */
     __u64 countdown;
     __u32 len;
-    __u32 pad;
+    __u8 ipver;            /* the held frame's shape: only a frame of the same shape carries it */
+    __u8 l4proto;
+    __u16 pad;
     __u8 data[STASH_MAX];
 };
 
