@@ -74,7 +74,10 @@ def status(name, as_json):
     _print_nodes(doc)
     for l in doc["links"]:
         rate = f"{l['rate'] / 1e9:g} Gbit/s" if l["rate"] else "line rate"
-        click.echo(f"link {l['name']:<16} {rate}")
+        settings = "; ".join(f"{d}: " + " ".join(f"{k} {v}" for k, v in cfg.items()
+                                                  if k in ("loss", "dup", "reorder") and v)
+                             for d, cfg in l["impair"].items())
+        click.echo(f"link {l['name']:<16} {rate}" + (f"  impaired ({settings})" if settings else ""))
         for d, c in l["counters"].items():
             extra = ""
             if "tx_packets" in c:
