@@ -1,0 +1,1 @@
+"""Deterministic simulation harness for the transport engine (virtual clock, seeded)."""
