@@ -38,25 +38,24 @@ def pytest_collection_modifyitems(config, items):
 _counter = [0]
 
 
-@pytest.fixture
-def lab_name():
+def _lab(prefix: str):
     """A lab name unique to this test run; the lab is removed afterwards whatever happened."""
     from metaroce.lab import core, state
     _counter[0] += 1
-    name = f"t{os.getpid() % 10000}x{_counter[0]}"
+    name = f"{prefix}{os.getpid() % 10000}x{_counter[0]}"
     yield name
     if name in state.names() or core.namespaces_of(name):
         core.down(name)
+
+
+@pytest.fixture
+def lab_name():
+    yield from _lab("t")
 
 
 @pytest.fixture(scope="module")
 def module_lab_name():
-    from metaroce.lab import core, state
-    _counter[0] += 1
-    name = f"m{os.getpid() % 10000}x{_counter[0]}"
-    yield name
-    if name in state.names() or core.namespaces_of(name):
-        core.down(name)
+    yield from _lab("m")
 
 
 def have(tool: str) -> bool:
