@@ -6,8 +6,9 @@
 #include <uapi/linux/pkt_cls.h>
 #include "fabric_helpers.h"
 
-/* Copy the frame's first len bytes into dst (len <= STASH_MAX). */
-static __always_inline int save_frame(struct __sk_buff *skb, __u8 *dst, __u32 len)
+/* Copy len (<= STASH_MAX) bytes between the frame and buf, in chunks the verifier can bound:
+ * into buf when to_skb is 0, into the frame when it is 1 (a constant at every call site). */
+static __always_inline int copy_frame(struct __sk_buff *skb, __u8 *buf, __u32 len, int to_skb)
 {
 #pragma unroll
     for (int i = 0; i < STASH_CHUNKS; i++) {
@@ -18,10 +19,16 @@ static __always_inline int save_frame(struct __sk_buff *skb, __u8 *dst, __u32 le
         if (n > STASH_CHUNK)
             n = STASH_CHUNK;
         n = ((n - 1) & (STASH_CHUNK - 1)) + 1;
-        if (bpf_skb_load_bytes(skb, off, dst + off, n))
+        if (to_skb ? bpf_skb_store_bytes(skb, off, buf + off, n, 0)
+                   : bpf_skb_load_bytes(skb, off, buf + off, n))
             return -1;
     }
     return 0;
+}
+
+static __always_inline int save_frame(struct __sk_buff *skb, __u8 *dst, __u32 len)
+{
+    return copy_frame(skb, dst, len, 0);
 }
 
 /* Make the skb carry exactly the len bytes at src. */
@@ -29,19 +36,7 @@ static __always_inline int restore_frame(struct __sk_buff *skb, __u8 *src, __u32
 {
     if (len == 0 || len > STASH_MAX || bpf_skb_change_tail(skb, len, 0))
         return -1;
-#pragma unroll
-    for (int i = 0; i < STASH_CHUNKS; i++) {
-        __u32 off = i * STASH_CHUNK;
-        if (off >= len)
-            break;
-        __u32 n = len - off;
-        if (n > STASH_CHUNK)
-            n = STASH_CHUNK;
-        n = ((n - 1) & (STASH_CHUNK - 1)) + 1;
-        if (bpf_skb_store_bytes(skb, off, src + off, n, 0))
-            return -1;
-    }
-    return 0;
+    return copy_frame(skb, src, len, 1);
 }
 
 /* A frame can be held or carry a release when it is small enough and not a GSO aggregate. */

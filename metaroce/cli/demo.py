@@ -42,7 +42,7 @@ def _wait_acks(sock: socket.socket, want_psn: int, timeout_s: float) -> tuple[in
             return seen, time.monotonic()
 
 
-def _run(view, as_json: bool) -> dict:
+def _run(view) -> dict:
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
     a, b = h1.iface("eth0"), h2.iface("eth0")
     dev = nicd.DeviceId("eth0", h2.netns)
@@ -107,8 +107,9 @@ def demo(as_json):
     rec = core.up(DEMO_LAB, "pair")
     up_s = time.monotonic() - t0
     try:
-        res = _run(core.LabView(DEMO_LAB), as_json)
-        after = fabric.xdp_attached(core.LabView(DEMO_LAB).plan.node("h2").netns, "eth0")
+        view = core.LabView(DEMO_LAB)
+        res = _run(view)
+        after = fabric.xdp_attached(view.plan.node("h2").netns, "eth0")
     finally:
         core.down(DEMO_LAB)
     c = res["counters"]

@@ -142,6 +142,15 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, by
 
 BPF_XDP = 37
 XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
+# veth refuses native XDP for programs that are not frags-aware once a frame exceeds a page
+VETH_NATIVE_XDP_MAX_MTU = 3498
+
+
+def xdp_mode_for_mtu(mtu: int) -> tuple[str, int, str]:
+    """(mode, attach flags, reason) for a program that is not frags-aware."""
+    if mtu <= VETH_NATIVE_XDP_MAX_MTU:
+        return "native", XDP_FLAGS_DRV_MODE, "the frame fits one page"
+    return "generic", XDP_FLAGS_SKB_MODE, f"MTU {mtu} needs a frags-aware program"
 
 
 class _LinkCreateOpts(ctypes.Structure):

@@ -18,7 +18,6 @@ PIN_ROOT = "/sys/fs/bpf/metaroce"
 MAX_PORTS = 256
 DIR_IN, DIR_OUT = 0, 1
 IMPAIR_ENABLED, IMPAIR_ALL_TRAFFIC = 1 << 0, 1 << 1
-XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
 TC_INGRESS, TC_EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
 
 PROGRAMS = {  # pin name -> (function, type)
@@ -139,7 +138,7 @@ def unpin(lab: str) -> bool:
 def attach_xdp(netns_name: str, iface: str, prog_fd: int, mtu: int) -> str:
     """Attach natively when the frame fits one page (veth limit for programs that are not
     frags-aware, ~3.5 KB), else in generic mode. Returns 'native' or 'generic'."""
-    mode, flags = ("native", XDP_FLAGS_DRV_MODE) if mtu <= 3498 else ("generic", XDP_FLAGS_SKB_MODE)
+    mode, flags, _why = libbpf.xdp_mode_for_mtu(mtu)
     with ipr_in(netns_name) as ipr:
         idx = ifindex(ipr, iface)
         ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", flags)]})

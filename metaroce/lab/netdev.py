@@ -129,16 +129,10 @@ def configure_node(node: Node, mtu: int) -> None:
             ipr.link("set", index=idx, address=itf.mac, mtu=itf.mtu)
             if itf.bridge:
                 ipr.link("set", index=idx, master=ifindex(ipr, itf.bridge))
-        for br in node.bridges:
-            bidx = ifindex(ipr, br.name)
-            ipr.link("set", index=bidx, state="up")
-            for cidr in (br.ipv4, br.ipv6):
-                if cidr:
-                    _add_addr(ipr, bidx, cidr)
-        for itf in node.ifaces:
-            idx = ifindex(ipr, itf.name)
+        for dev in [*node.bridges, *node.ifaces]:     # bridges first: their ports join them
+            idx = ifindex(ipr, dev.name)
             ipr.link("set", index=idx, state="up")
-            for cidr in (itf.ipv4, itf.ipv6):
+            for cidr in (dev.ipv4, dev.ipv6):
                 if cidr:
                     _add_addr(ipr, idx, cidr)
         for nb in node.neighbours:

@@ -94,9 +94,7 @@ class Daemon:
             with IPRoute() as ipr:
                 mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
             _detach_netlink_xdp(self.ifindex)
-            self.xdp_mode, self.xdp_why = (("native", "the frame fits one page") if mtu <= 3498 else
-                                           ("generic", f"MTU {mtu} needs a frags-aware program"))
-            flags = libbpf.XDP_FLAGS_DRV_MODE if self.xdp_mode == "native" else libbpf.XDP_FLAGS_SKB_MODE
+            self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
             self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
             os.makedirs(RUN_DIR, exist_ok=True)
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
