@@ -1,12 +1,26 @@
-/* The MetaRoCE NIC, receive path (first slice): RoCEv2 RC RDMA WRITE in compat mode (in-order
- * PSNs). Checks QP and ICRC, then PSN (a gap is NAKed once, a duplicate re-ACKed), opcode
- * sequence, rkey, PD, access and bounds, then copies the payload straight into the MR's memory
- * (an mmap-able array map found by rkey) and, when the requester asked (AckReq), turns the
- * packet into its ACK (XDP_TX). Other RoCE opcodes go to user space (XDP_PASS for now);
- * everything that is not RoCE passes untouched.
- * Map syntax is rewritten by BCC only in this file, so all lookups live here. */
+/* The MetaRoCE NIC data path (compat mode: RoCEv2 RC, go-back-N), all in XDP:
+ *  - responder: WRITE (with immediate), SEND (with immediate) into posted receive buffers, atomics
+ *    executed on registered memory (saved result for duplicates), READ requests checked and
+ *    handed to user space (ring buffer) to answer; ACK / NAK / RNR NAK / atomic ACK / CNP made
+ *    by turning the packet into its reply (XDP_TX);
+ *  - requester: ACK / NAK / CNP consumed (the QP's send state in its map, an event for user
+ *    space), READ responses and atomic ACKs placed into the local buffer of their request.
+ * Everything is checked first: QP, source, ICRC, PSN, opcode sequence, key, PD, access, bounds.
+ * Packets that are not RoCE pass untouched. Map syntax is rewritten by BCC only in this file,
+ * so every map access lives here. */
 #include "nic_maps.h"
 #include "nic_parse.h"
+
+/* What to send back (a constant kind per call site of build_reply), decided by a handler. */
+struct plan {
+    __u32 kind;       /* REPLY_* or 0: consume the packet */
+    __u32 psn;
+    __u32 syndrome;
+    __u32 msn;
+    __u32 txc;        /* tx counter to bump */
+    __u32 pad;
+    __u64 orig;
+};
 
 static __always_inline int verdict(u32 reason, int action)
 {
@@ -16,15 +30,78 @@ static __always_inline int verdict(u32 reason, int action)
     return action;
 }
 
-/* Copy len payload bytes at pkt_off into the MR at byte offset off. The destination offset is
- * checked at run time (a dynptr over the chunk), so any alignment works and a payload may
- * straddle two chunks. Returns 0 on success. */
-static __always_inline int place(struct xdp_md *ctx, void *mem, u64 off, u32 pkt_off, u32 len,
-                                 struct scratch *s)
+static __always_inline void emit(struct nic_event *ev)
+{
+    u32 k = events.ringbuf_output(ev, sizeof(*ev), 0) ? 1 : 0;
+    u64 *c = ev_counters.lookup(&k);
+    if (c)
+        (*c)++;
+}
+
+static __always_inline void event(u32 type, u32 qpn, u32 psn, u32 syndrome, u64 wr_id, u32 len,
+                                  u32 imm, u32 flags, u32 msn)
+{
+    struct nic_event ev = {};
+    ev.type = type;
+    ev.qpn = qpn;
+    ev.psn = psn;
+    ev.syndrome = syndrome;
+    ev.wr_id = wr_id;
+    ev.len = len;
+    ev.imm = imm;
+    ev.flags = flags;
+    ev.msn = msn;
+    emit(&ev);
+}
+
+static __always_inline void set_reply(struct plan *pl, u32 kind, u32 psn, u32 syndrome, u32 msn,
+                                      u32 txc)
+{
+    pl->kind = kind;
+    pl->psn = psn;
+    pl->syndrome = syndrome;
+    pl->msn = msn;
+    pl->txc = txc;
+}
+
+/* A fatal NAK (RESP-5): sent with the offending PSN; the QP moves to ERR; user space is told. */
+static __always_inline u32 fatal(struct plan *pl, struct nic_qp *qp, u32 qpn, u32 psn, u32 syn,
+                                 u32 txc, u32 reason)
+{
+    set_reply(pl, REPLY_ACK, psn, syn, qp->msn, txc);
+    qp->state = QP_RX_ERROR;
+    event(EV_QP_ERROR, qpn, psn, syn, 0, 0, 0, reason, qp->msn);
+    return reason;
+}
+
+/* 0 and *off (offset of va in the region) if key names a region of pd with this access that
+ * holds [va, va + len); else the reason it does not. */
+static __always_inline u32 mr_check(u32 key, u32 pd, u32 access, u64 va, u64 len, u64 *off)
+{
+    struct mr_info *mr = mr_infos.lookup(&key);
+    if (!mr)
+        return RX_BAD_RKEY;
+    if (mr->pd != pd || !(mr->access & access))
+        return RX_MR_ACCESS;
+    if (va < mr->va || va - mr->va > mr->length || len > mr->length - (va - mr->va))
+        return RX_MR_BOUNDS;
+    *off = va - mr->va;
+    return 0;
+}
+
+/* Copy len payload bytes at pkt_off into region `key` at byte offset off. The destination
+ * offset is checked at run time (a dynptr over the chunk), so any alignment works and a payload
+ * may straddle two chunks. Returns 0 on success. */
+static __always_inline int place(struct xdp_md *ctx, u32 key, u64 off, u32 pkt_off, u32 len)
 {
     if (len == 0)
         return 0;
     if (len > MAX_PAYLOAD)
+        return -1;
+    u32 zero = 0;
+    struct scratch *s = scratch.lookup(&zero);
+    void *mem = mrs.lookup(&key);
+    if (!s || !mem)
         return -1;
     len = ((len - 1) & (MAX_PAYLOAD - 1)) + 1;
     u32 idx = off / MR_CHUNK, o = off % MR_CHUNK;
@@ -52,6 +129,19 @@ static __always_inline int place(struct xdp_md *ctx, void *mem, u64 off, u32 pkt
     struct bpf_dynptr d2;
     bpf_dynptr_from_mem(c, sizeof(*c), 0, &d2);
     return bpf_dynptr_write(&d2, 0, s->b, rest, 0) ? -1 : 0;
+}
+
+/* The 8-byte word at offset off (8-aligned) of region key, or NULL. */
+static __always_inline u64 *word_at(u32 key, u64 off)
+{
+    void *mem = mrs.lookup(&key);
+    if (!mem || (off & 7))
+        return NULL;
+    u32 idx = off / MR_CHUNK, o = off % MR_CHUNK;
+    struct mr_chunk *c = bpf_map_lookup_elem(mem, &idx);
+    if (!c)
+        return NULL;
+    return (u64 *)(c->b + (o & (MR_CHUNK - 8)));
 }
 
 /* Verify the ICRC: 8 x 0xFF, masked IP/UDP/BTH, then everything after the BTH but the ICRC. */
@@ -107,27 +197,414 @@ static __always_inline int icrc_ok(struct xdp_md *ctx, const struct roce_pkt *rp
     return wire == ~crc;                   /* the ICRC travels least significant byte first */
 }
 
-/* Send an ACK/NAK back out of the port the request came in on (XDP_TX). */
-static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp, u32 dqpn, u32 psn,
-                                 u8 syndrome, u32 msn, u32 reason, u32 txc)
+/* Turn the packet into the planned reply and send it back out of its port (XDP_TX). */
+static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
+                                 const struct plan *pl, u32 dqpn, u32 reason)
 {
     u32 zero = 0;
     struct crc_tables *T = crc_tab.lookup(&zero);
     struct icrc_scratch *s = icrc_scratch.lookup(&zero);
     if (!T || !s)
         return verdict(reason, XDP_DROP);
-    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
-    u32 len = rp->ipver == 6 ? build_ack(data, data_end, 1, dqpn, psn, syndrome, msn, T, s)
-                             : build_ack(data, data_end, 0, dqpn, psn, syndrome, msn, T, s);
-    if (!len)
-        return verdict(RX_MALFORMED, XDP_DROP);
-    int delta = (int)len - (int)bpf_xdp_get_buff_len(ctx);
+    int v6 = rp->ipver == 6;
+    u32 want = pl->kind == REPLY_ACK ? REPLY_LEN(v6, REPLY_ACK)
+             : pl->kind == REPLY_ATOMIC_ACK ? REPLY_LEN(v6, REPLY_ATOMIC_ACK)
+             : REPLY_LEN(v6, REPLY_CNP);
+    int delta = (int)want - (int)bpf_xdp_get_buff_len(ctx);
     if (delta && bpf_xdp_adjust_tail(ctx, delta))
         return verdict(RX_MALFORMED, XDP_DROP);
+    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+    u32 len;
+    u8 syn = pl->syndrome;
+    if (v6) {
+        if (pl->kind == REPLY_ACK)
+            len = build_reply(data, data_end, 1, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, T, s);
+        else if (pl->kind == REPLY_ATOMIC_ACK)
+            len = build_reply(data, data_end, 1, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
+                              pl->orig, T, s);
+        else
+            len = build_reply(data, data_end, 1, REPLY_CNP, dqpn, 0, 0, 0, 0, T, s);
+    } else {
+        if (pl->kind == REPLY_ACK)
+            len = build_reply(data, data_end, 0, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, T, s);
+        else if (pl->kind == REPLY_ATOMIC_ACK)
+            len = build_reply(data, data_end, 0, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
+                              pl->orig, T, s);
+        else
+            len = build_reply(data, data_end, 0, REPLY_CNP, dqpn, 0, 0, 0, 0, T, s);
+    }
+    if (!len)
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 txc = pl->txc;
     u64 *c = tx_counters.lookup(&txc);
     if (c)
         (*c)++;
     return verdict(reason, XDP_TX);
+}
+
+/* The receive WQE at the head of the QP's receive queue, or NULL when none is posted. */
+static __always_inline struct recv_wqe *rq_head(u32 qpn, struct nic_qp *qp, u64 *key)
+{
+    *key = (u64)qpn << 32 | (qp->rq_head & (RQ_DEPTH - 1));
+    struct recv_wqe *w = rq.lookup(key);
+    if (!w || w->seq != qp->rq_head)
+        return NULL;
+    return w;
+}
+
+static __always_inline void rq_complete(u32 qpn, struct nic_qp *qp, struct recv_wqe *w, u64 key,
+                                        u32 type, u32 status, u32 byte_len, u32 imm, u32 flags)
+{
+    event(type, qpn, 0, status, w->wr_id, byte_len, imm, flags, qp->msn);
+    rq.delete(&key);
+    qp->rq_head++;
+}
+
+/* The 32-bit big-endian word at off as it was on the wire (immediate data stays big-endian). */
+static __always_inline int load32(struct xdp_md *ctx, u32 off, u32 *v)
+{
+    return bpf_xdp_load_bytes(ctx, off, v, 4);
+}
+
+/* RDMA WRITE FIRST/MIDDLE/LAST/ONLY (with immediate), in order. */
+static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                    struct nic_qp *qp, u8 op, u32 psn, int ackreq, u32 l4,
+                                    u32 pad, struct plan *pl)
+{
+    int has_reth = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
+                   op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    int has_imm = op == RC_RDMA_WRITE_LAST_WITH_IMMEDIATE || op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    int ends = op != RC_RDMA_WRITE_FIRST && op != RC_RDMA_WRITE_MIDDLE;
+    u32 hdrs = BTH_LEN + (has_reth ? RETH_LEN : 0) + (has_imm ? IMMDT_LEN : 0);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return RX_MALFORMED;
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+    u64 va, left;
+    u32 rkey;
+    if (has_reth) {
+        struct reth reth;
+        if (qp->state != QP_RX_IDLE)
+            return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+        if (bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &reth, sizeof(reth)))
+            return RX_MALFORMED;
+        va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
+        rkey = bpf_ntohl(reth.rkey);
+        left = bpf_ntohl(reth.dmalen);
+        qp->wr_len = left;
+    } else {
+        if (qp->state != QP_RX_IN_WRITE)
+            return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+        va = qp->wr_va;
+        rkey = qp->wr_rkey;
+        left = qp->wr_left;
+    }
+    if (len > left || (ends && len != left))     /* payload and DMA length disagree */
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    u64 rkey_slot = 0;
+    struct recv_wqe *w = NULL;
+    if (has_imm) {                     /* the immediate consumes a receive WQE (RESP-6) */
+        w = rq_head(qpn, qp, &rkey_slot);
+        if (!w) {
+            set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn,
+                      TX_NAK_RNR);
+            return RX_RNR;
+        }
+    }
+    if (has_reth && left == 0) {
+        /* a zero-length WRITE touches no memory and needs no valid R_Key */
+    } else {
+        u64 off;
+        u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_WRITE, va, len, &off);
+        if (why)
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
+        if (place(ctx, rkey, off, rp->bth_off + hdrs, len))
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, RX_MR_BOUNDS);
+    }
+    qp->rx_bytes += len;
+    qp->wr_va = va + len;
+    qp->wr_rkey = rkey;
+    qp->wr_left = left - len;
+    qp->state = ends ? QP_RX_IDLE : QP_RX_IN_WRITE;
+    qp->epsn = (psn + 1) & PSN_MASK;
+    qp->nak_sent = 0;
+    if (ends)
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+    if (w) {
+        u32 imm = 0;
+        load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
+        rq_complete(qpn, qp, w, rkey_slot, EV_RECV, 0, qp->wr_len, imm, 3);
+    }
+    if (ackreq)
+        set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
+    return RX_PLACED;
+}
+
+/* SEND FIRST/MIDDLE/LAST/ONLY (with immediate), in order, into the head receive WQE. */
+static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                   struct nic_qp *qp, u8 op, u32 psn, int ackreq, u32 l4,
+                                   u32 pad, struct plan *pl)
+{
+    int first = op == RC_SEND_FIRST || op == RC_SEND_ONLY || op == RC_SEND_ONLY_WITH_IMMEDIATE;
+    int ends = op != RC_SEND_FIRST && op != RC_SEND_MIDDLE;
+    int has_imm = op == RC_SEND_LAST_WITH_IMMEDIATE || op == RC_SEND_ONLY_WITH_IMMEDIATE;
+    u32 hdrs = BTH_LEN + (has_imm ? IMMDT_LEN : 0);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return RX_MALFORMED;
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+    if (qp->state != (first ? QP_RX_IDLE : QP_RX_IN_SEND))
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+    u64 key;
+    struct recv_wqe *w = rq_head(qpn, qp, &key);
+    if (!w) {
+        if (!first)
+            return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+        set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn, TX_NAK_RNR);
+        return RX_RNR;
+    }
+    if (first)
+        qp->send_off = 0;
+    if (qp->send_off + len > w->length) {        /* longer than the receive buffer */
+        rq_complete(qpn, qp, w, key, EV_RECV_ERR, RX_INVALID_REQUEST, qp->send_off + len, 0, 0);
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    }
+    if (len) {
+        u64 off;
+        u32 why = mr_check(w->lkey, qp->pd, ACCESS_LOCAL_WRITE, w->addr + qp->send_off, len, &off);
+        if (!why && place(ctx, w->lkey, off, rp->bth_off + hdrs, len))
+            why = RX_MR_BOUNDS;
+        if (why) {                   /* our own receive buffer is bad: a local protection error */
+            rq_complete(qpn, qp, w, key, EV_RECV_ERR, why, 0, 0, 0);
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_OP, TX_NAK_REM_OP, why);
+        }
+    }
+    qp->rx_bytes += len;
+    qp->send_off += len;
+    qp->state = ends ? QP_RX_IDLE : QP_RX_IN_SEND;
+    qp->epsn = (psn + 1) & PSN_MASK;
+    qp->nak_sent = 0;
+    if (ends) {
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        u32 imm = 0;
+        if (has_imm)
+            load32(ctx, rp->bth_off + BTH_LEN, &imm);
+        rq_complete(qpn, qp, w, key, EV_RECV, 0, qp->send_off, imm, has_imm ? 1 : 0);
+    }
+    if (ackreq)
+        set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
+    return RX_PLACED;
+}
+
+/* READ request: checked here, answered by user space (the responses come from the region).
+ * A duplicate is answered again (READs are idempotent, RESP-4). */
+static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                   struct nic_qp *qp, u32 psn, int dup, u32 l4, struct plan *pl)
+{
+    struct reth reth;
+    if (l4 != BTH_LEN + RETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &reth, sizeof(reth)))
+        return RX_MALFORMED;
+    u64 va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
+    u32 rkey = bpf_ntohl(reth.rkey), len = bpf_ntohl(reth.dmalen);
+    if (!dup && qp->state != QP_RX_IDLE)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+    if (len) {
+        u64 off;
+        u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_READ, va, len, &off);
+        if (why)
+            return dup ? why : fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
+    }
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    if (!dup) {
+        qp->epsn = (psn + (len ? (len + pmtu - 1) / pmtu : 1)) & PSN_MASK;
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        qp->nak_sent = 0;
+    }
+    struct nic_event ev = {};
+    ev.type = EV_READ_REQUEST;
+    ev.qpn = qpn;
+    ev.psn = psn;
+    ev.va = va;
+    ev.rkey = rkey;
+    ev.len = len;
+    ev.flags = dup;
+    ev.msn = qp->msn;
+    emit(&ev);
+    return dup ? RX_DUPLICATE : RX_READ_REQUEST;
+}
+
+/* COMPARE_SWAP / FETCH_ADD on an 8-byte aligned word of registered memory, in order; the
+ * original value is saved for a duplicate (RESP-4) and returned in an atomic ACK. */
+static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                     struct nic_qp *qp, u8 op, u32 psn, int dup, u32 l4,
+                                     struct plan *pl)
+{
+    struct atomic_eth a;
+    if (l4 != BTH_LEN + ATOMICETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &a, sizeof(a)))
+        return RX_MALFORMED;
+    if (dup) {
+        if (!qp->atomic_valid || qp->atomic_psn != psn)
+            return RX_DUPLICATE;       /* older than the saved result: dropped */
+        set_reply(pl, REPLY_ATOMIC_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
+        pl->orig = qp->atomic_orig;
+        return RX_DUPLICATE;
+    }
+    if (qp->state != QP_RX_IDLE)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
+    u64 va = ((u64)bpf_ntohl(a.va_hi) << 32) | bpf_ntohl(a.va_lo);
+    u32 rkey = bpf_ntohl(a.rkey);
+    u64 swap = ((u64)bpf_ntohl(a.swap_hi) << 32) | bpf_ntohl(a.swap_lo);
+    u64 cmp = ((u64)bpf_ntohl(a.cmp_hi) << 32) | bpf_ntohl(a.cmp_lo);
+    if (va & 7)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    u64 off;
+    u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_ATOMIC, va, 8, &off);
+    if (why)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
+    u64 *p = word_at(rkey, off);
+    if (!p)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    u64 orig;
+    if (op == RC_FETCH_ADD)
+        orig = __sync_fetch_and_add(p, swap);
+    else
+        orig = __sync_val_compare_and_swap(p, cmp, swap);
+    qp->atomic_orig = orig;
+    qp->atomic_psn = psn;
+    qp->atomic_valid = 1;
+    qp->epsn = (psn + 1) & PSN_MASK;
+    qp->msn = (qp->msn + 1) & 0xFFFFFF;
+    qp->nak_sent = 0;
+    set_reply(pl, REPLY_ATOMIC_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
+    pl->orig = orig;
+    return RX_ATOMIC;
+}
+
+/* Requester: an ACK or NAK. Only PSNs in [una, next to send) count (RESP-12). */
+static __always_inline u32 on_ack(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                  struct nic_qp *qp, u32 psn, u32 l4)
+{
+    struct aeth ae;
+    if (l4 != BTH_LEN + AETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &ae, sizeof(ae)))
+        return RX_MALFORMED;
+    u32 w = bpf_ntohl(ae.w), syn = w >> 24, msn = w & 0xFFFFFF;
+    u32 *nxt = sq_psn.lookup(&qpn);
+    if (!nxt)
+        return RX_UNEXPECTED_RESPONSE;
+    u32 outstanding = (*nxt - qp->una) & PSN_MASK;
+    u32 d = (psn - qp->una) & PSN_MASK;
+    u32 type = syn >> 5;
+    if (type == 0) {                            /* ACK: everything up to psn */
+        if (d >= PSN_HALF)
+            return RX_DUPLICATE;                /* older than what is acknowledged */
+        if (d >= outstanding)
+            return RX_UNEXPECTED_RESPONSE;      /* beyond what was sent */
+        qp->una = (psn + 1) & PSN_MASK;
+        qp->acks_received++;
+        event(EV_ACK, qpn, psn, syn, 0, 0, 0, 0, msn);
+        return RX_ACK;
+    }
+    if (type == 2)
+        return RX_MALFORMED;
+    if (d >= outstanding)                       /* a NAK names the first PSN not executed */
+        return RX_UNEXPECTED_RESPONSE;
+    qp->una = psn;
+    if (syn == AETH_NAK_PSN_SEQ)
+        qp->packet_seq_err++;
+    if (type == 1)
+        qp->rnr_nak_received++;
+    event(EV_NAK, qpn, psn, syn, 0, 0, 0, 0, msn);
+    return RX_ACK;
+}
+
+static __always_inline void rd_done(u32 qpn, struct nic_qp *qp, struct rd_slot *sl, u32 psn,
+                                    u32 status)
+{
+    event(EV_RD_DONE, qpn, psn, status, sl->wr_id, sl->length, 0, qp->rd_head, 0);
+    qp->rd_head++;
+    qp->rd_state = 0;
+    qp->rd_off = 0;
+    if (((psn - qp->una) & PSN_MASK) < PSN_HALF)
+        qp->una = (psn + 1) & PSN_MASK;         /* implicit acknowledgement (RESP-10) */
+}
+
+/* Requester: READ response packets and atomic ACKs, placed into the local buffer of the
+ * outstanding request they answer (in order; a gap asks user space to re-request). */
+static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                       struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad)
+{
+    u64 k = (u64)qpn << 32 | (qp->rd_head & (RD_DEPTH - 1));
+    struct rd_slot *sl = rd_slots.lookup(&k);
+    if (!sl || sl->idx != qp->rd_head)
+        return RX_UNEXPECTED_RESPONSE;
+    if (op == RC_ATOMIC_ACKNOWLEDGE) {
+        if (sl->kind != RD_ATOMIC || psn != sl->first_psn)
+            return RX_UNEXPECTED_RESPONSE;
+        __be32 v[3];
+        if (l4 != BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN ||
+            bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, v, sizeof(v)))
+            return RX_MALFORMED;
+        u64 orig = ((u64)bpf_ntohl(v[1]) << 32) | bpf_ntohl(v[2]);
+        u64 off;
+        u32 why = mr_check(sl->lkey, qp->pd, ACCESS_LOCAL_WRITE, sl->addr, 8, &off);
+        u64 *p = why ? NULL : word_at(sl->lkey, off);
+        if (p)
+            *p = orig;
+        rd_done(qpn, qp, sl, psn, p ? 0 : (why ? why : RX_INVALID_REQUEST));
+        return p ? RX_PLACED : (why ? why : RX_INVALID_REQUEST);
+    }
+    if (sl->kind != RD_READ)
+        return RX_UNEXPECTED_RESPONSE;
+    int first = op == RC_RDMA_READ_RESPONSE_FIRST || op == RC_RDMA_READ_RESPONSE_ONLY;
+    int ends = op == RC_RDMA_READ_RESPONSE_LAST || op == RC_RDMA_READ_RESPONSE_ONLY;
+    u32 hdrs = BTH_LEN + (op == RC_RDMA_READ_RESPONSE_MIDDLE ? 0 : AETH_LEN);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return RX_MALFORMED;
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+    u32 expect = first ? sl->first_psn : qp->rd_psn;
+    if (psn != expect || (!first && qp->rd_state != 1)) {
+        u32 npk = (sl->length + (qp->pmtu ? qp->pmtu : 1024) - 1) / (qp->pmtu ? qp->pmtu : 1024);
+        u32 ahead = (psn - sl->first_psn) & PSN_MASK;
+        if (ahead < npk && qp->rd_state != 2) {   /* a response inside this READ was lost */
+            u32 from = qp->rd_state == 1 ? qp->rd_psn : sl->first_psn;
+            qp->rd_state = 2;
+            event(EV_RD_GAP, qpn, from, 0, sl->wr_id, 0, 0, qp->rd_head, 0);
+        }
+        return RX_PSN_OUT_OF_ORDER;
+    }
+    if (first)
+        qp->rd_off = 0;
+    if (qp->rd_off + len > sl->length || (ends && qp->rd_off + len != sl->length))
+        return RX_MALFORMED;
+    if (len) {
+        u64 off;
+        u32 why = mr_check(sl->lkey, qp->pd, ACCESS_LOCAL_WRITE, sl->addr + qp->rd_off, len, &off);
+        if (!why && place(ctx, sl->lkey, off, rp->bth_off + hdrs, len))
+            why = RX_MR_BOUNDS;
+        if (why) {
+            rd_done(qpn, qp, sl, psn, why);
+            return why;
+        }
+    }
+    qp->rx_bytes += len;
+    qp->rd_off += len;
+    qp->rd_psn = (psn + 1) & PSN_MASK;
+    qp->rd_state = 1;
+    if (ends)
+        rd_done(qpn, qp, sl, psn, 0);
+    return RX_PLACED;
+}
+
+static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic_qp *qp)
+{
+    if (!qp->peer_set)
+        return 1;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (rp->saddr[i] != qp->peer_ip[i])
+            return 0;
+    return 1;
 }
 
 int nic_rx(struct xdp_md *ctx)
@@ -150,79 +627,75 @@ int nic_rx(struct xdp_md *ctx)
     int ackreq = !!(bpf_ntohl(bth.psn) & BTH_ACKREQ);
     u8 op = bth.opcode;
     u32 pad = (bth.flags >> 4) & 3;
-    struct qp_rx *qp = qps.lookup(&qpn);
+    struct nic_qp *qp = qps.lookup(&qpn);
     if (!qp)
         return verdict(RX_UNKNOWN_QP, XDP_DROP);
-    if (op < RC_RDMA_WRITE_FIRST || op > RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-        return verdict(RX_UNSUPPORTED_OPCODE, XDP_PASS);
+    if (!from_peer(&rp, qp))
+        return verdict(RX_WRONG_SOURCE, XDP_DROP);
+    if (op > RC_FETCH_ADD && op != CNP_OPCODE)
+        return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
     if (!icrc_ok(ctx, &rp, l4))
         return verdict(RX_BAD_ICRC, XDP_DROP);
-    /* compat mode (go-back-N): only the expected PSN is accepted */
+    qp->rx_packets++;
+    struct plan pl = {};
+    u32 reason;
+
+    if (op == CNP_OPCODE) {                         /* the peer saw CE on our packets */
+        qp->rp_cnp_handled++;
+        event(EV_CNP, qpn, 0, 0, 0, 0, 0, 0, 0);
+        return verdict(RX_CNP, XDP_DROP);
+    }
+    if (op == RC_ACKNOWLEDGE)
+        return verdict(on_ack(ctx, &rp, qpn, qp, psn, l4), XDP_DROP);
+    if (op >= RC_RDMA_READ_RESPONSE_FIRST && op <= RC_ATOMIC_ACKNOWLEDGE)
+        return verdict(on_response(ctx, &rp, qpn, qp, op, psn, l4, pad), XDP_DROP);
+
+    /* a request (responder side) */
+    if (qp->state == QP_RX_ERROR)
+        return verdict(RX_QP_ERROR, XDP_DROP);
+    if (rp.ecn == 3)
+        qp->np_ecn_marked_roce_packets++;
     u32 ahead = (psn - qp->epsn) & PSN_MASK;
     if (ahead && ahead < PSN_HALF) {           /* a gap: NAK it once, drop until it fills */
+        qp->out_of_sequence++;
         if (qp->nak_sent)
             return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
         qp->nak_sent = 1;
-        return reply(ctx, &rp, qp->dqpn, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn,
-                     RX_PSN_OUT_OF_ORDER, TX_NAK_SEQ);
+        set_reply(&pl, REPLY_ACK, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn, TX_NAK_SEQ);
+        return reply(ctx, &rp, &pl, qp->dqpn, RX_PSN_OUT_OF_ORDER);
     }
-    if (ahead)                                 /* a duplicate: re-ACK what we have */
-        return reply(ctx, &rp, qp->dqpn, (qp->epsn - 1) & PSN_MASK, AETH_ACK_UNLIMITED, qp->msn,
-                     RX_DUPLICATE, TX_ACK);
-
-    int has_reth = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
-                   op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
-    int has_imm = op == RC_RDMA_WRITE_LAST_WITH_IMMEDIATE || op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
-    int ends = op != RC_RDMA_WRITE_FIRST && op != RC_RDMA_WRITE_MIDDLE;
-    u32 hdrs = BTH_LEN + (has_reth ? RETH_LEN : 0) + (has_imm ? 4 : 0);
-    if (l4 < hdrs + pad + ICRC_LEN)
-        return verdict(RX_MALFORMED, XDP_DROP);
-    u32 len = l4 - hdrs - pad - ICRC_LEN;
-
-    u64 va, left;
-    u32 rkey;
-    if (has_reth) {
-        struct reth reth;
-        if (qp->state != QP_RX_IDLE)
-            return verdict(RX_BAD_OPCODE_SEQ, XDP_DROP);
-        if (bpf_xdp_load_bytes(ctx, rp.bth_off + BTH_LEN, &reth, sizeof(reth)))
-            return verdict(RX_MALFORMED, XDP_DROP);
-        va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
-        rkey = bpf_ntohl(reth.rkey);
-        left = bpf_ntohl(reth.dmalen);
+    if (ahead) {                               /* a duplicate (RESP-4) */
+        qp->duplicate_request++;
+        if (op == RC_RDMA_READ_REQUEST)
+            reason = on_read(ctx, &rp, qpn, qp, psn, 1, l4, &pl);
+        else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD)
+            reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 1, l4, &pl);
+        else {
+            set_reply(&pl, REPLY_ACK, (qp->epsn - 1) & PSN_MASK, AETH_ACK_UNLIMITED, qp->msn,
+                      TX_ACK);
+            reason = RX_DUPLICATE;
+        }
+    } else if (op >= RC_RDMA_WRITE_FIRST && op <= RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE) {
+        reason = on_write(ctx, &rp, qpn, qp, op, psn, ackreq, l4, pad, &pl);
+    } else if (op <= RC_SEND_ONLY_WITH_IMMEDIATE) {
+        reason = on_send(ctx, &rp, qpn, qp, op, psn, ackreq, l4, pad, &pl);
+    } else if (op == RC_RDMA_READ_REQUEST) {
+        reason = on_read(ctx, &rp, qpn, qp, psn, 0, l4, &pl);
+    } else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
+        reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 0, l4, &pl);
     } else {
-        if (qp->state != QP_RX_IN_WRITE)
-            return verdict(RX_BAD_OPCODE_SEQ, XDP_DROP);
-        va = qp->wr_va;
-        rkey = qp->wr_rkey;
-        left = qp->wr_left;
+        reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above, or 0x15 */
     }
-    if (len > left || (ends && len != left))
-        return verdict(RX_MALFORMED, XDP_DROP);      /* payload and DMA length disagree */
-
-    struct mr_info *mr = mr_infos.lookup(&rkey);
-    void *mem = mrs.lookup(&rkey);
-    if (!mr || !mem)
-        return verdict(RX_BAD_RKEY, XDP_DROP);
-    if (mr->pd != qp->pd || !(mr->access & ACCESS_REMOTE_WRITE))
-        return verdict(RX_MR_ACCESS, XDP_DROP);
-    if (va < mr->va || va - mr->va > mr->length || len > mr->length - (va - mr->va))
-        return verdict(RX_MR_BOUNDS, XDP_DROP);
-
-    u32 zero = 0;
-    struct scratch *s = scratch.lookup(&zero);
-    if (!s || place(ctx, mem, va - mr->va, rp.bth_off + hdrs, len, s))
-        return verdict(RX_MR_BOUNDS, XDP_DROP);
-
-    qp->wr_va = va + len;
-    qp->wr_rkey = rkey;
-    qp->wr_left = left - len;
-    qp->state = ends ? QP_RX_IDLE : QP_RX_IN_WRITE;
-    qp->epsn = (psn + 1) & PSN_MASK;
-    qp->nak_sent = 0;
-    if (ends)
-        qp->msn = (qp->msn + 1) & 0xFFFFFF;
-    if (ackreq)
-        return reply(ctx, &rp, qp->dqpn, psn, AETH_ACK_UNLIMITED, qp->msn, RX_PLACED, TX_ACK);
-    return verdict(RX_PLACED, XDP_DROP);       /* consumed; a later AckReq acknowledges it */
+    if (!pl.kind && rp.ecn == 3) {             /* CE: tell the sender, at most once per interval */
+        u64 now = bpf_ktime_get_ns();
+        if (now >= qp->cnp_next_ns) {
+            qp->cnp_next_ns = now + CNP_INTERVAL_NS;
+            qp->np_cnp_sent++;
+            pl.kind = REPLY_CNP;
+            pl.txc = TX_CNP;
+        }
+    }
+    if (pl.kind)
+        return reply(ctx, &rp, &pl, qp->dqpn, reason);
+    return verdict(reason, XDP_DROP);
 }

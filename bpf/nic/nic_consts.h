@@ -1,4 +1,4 @@
-/* Constants of the MetaRoCE NIC receive path. Wire numbers mirror metaroce/wire/consts.py
+/* Constants of the MetaRoCE NIC data path. Wire numbers mirror metaroce/wire/consts.py
  * (IBTA values; tests/unit check that the two agree). Tunables are overridable with -D. */
 #ifndef __NIC_CONSTS_H
 #define __NIC_CONSTS_H
@@ -9,25 +9,58 @@
 #ifndef MAX_MRS
 #define MAX_MRS 4096
 #endif
+#ifndef RQ_DEPTH
+#define RQ_DEPTH 256              /* receive WQEs per QP (a power of two) */
+#endif
+#ifndef RD_DEPTH
+#define RD_DEPTH 16               /* outstanding READ/ATOMIC requests per QP (a power of two) */
+#endif
+#ifndef CNP_INTERVAL_NS
+#define CNP_INTERVAL_NS 50000     /* at most one CNP per QP per 50 us (COMPAT-4) */
+#endif
 
 #define ROCE_UDP_PORT 4791
 #define BTH_LEN 12
 #define RETH_LEN 16
+#define AETH_LEN 4
+#define IMMDT_LEN 4
+#define ATOMICETH_LEN 28
+#define ATOMICACKETH_LEN 8
+#define CNP_PAD_LEN 16
 #define ICRC_LEN 4
 
 /* RC opcodes (IBTA 9.2, transport RC = 0x00) */
+#define RC_SEND_FIRST 0x00
+#define RC_SEND_MIDDLE 0x01
+#define RC_SEND_LAST 0x02
+#define RC_SEND_LAST_WITH_IMMEDIATE 0x03
+#define RC_SEND_ONLY 0x04
+#define RC_SEND_ONLY_WITH_IMMEDIATE 0x05
 #define RC_RDMA_WRITE_FIRST 0x06
 #define RC_RDMA_WRITE_MIDDLE 0x07
 #define RC_RDMA_WRITE_LAST 0x08
 #define RC_RDMA_WRITE_LAST_WITH_IMMEDIATE 0x09
 #define RC_RDMA_WRITE_ONLY 0x0A
 #define RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE 0x0B
-
+#define RC_RDMA_READ_REQUEST 0x0C
+#define RC_RDMA_READ_RESPONSE_FIRST 0x0D
+#define RC_RDMA_READ_RESPONSE_MIDDLE 0x0E
+#define RC_RDMA_READ_RESPONSE_LAST 0x0F
+#define RC_RDMA_READ_RESPONSE_ONLY 0x10
 #define RC_ACKNOWLEDGE 0x11
-#define AETH_LEN 4
+#define RC_ATOMIC_ACKNOWLEDGE 0x12
+#define RC_COMPARE_SWAP 0x13
+#define RC_FETCH_ADD 0x14
+#define CNP_OPCODE 0x81
+
 #define AETH_ACK_UNLIMITED 0x1F   /* ACK, credits invalid */
+#define AETH_RNR_NAK 0x20         /* | the RNR timer code */
 #define AETH_NAK_PSN_SEQ 0x60     /* NAK, PSN sequence error */
+#define AETH_NAK_INV_REQ 0x61     /* NAK, invalid request */
+#define AETH_NAK_REM_ACCESS 0x62  /* NAK, remote access error */
+#define AETH_NAK_REM_OP 0x63      /* NAK, remote operational error */
 #define ACK_TTL 64
+#define CNP_TOS (48 << 2)         /* DSCP 48, Not-ECT (ENC-5) */
 
 #define PSN_MASK 0xFFFFFF
 #define PSN_HALF 0x800000         /* PSNs ahead by less than this are "ahead" */
@@ -38,11 +71,20 @@
 #define MAX_PAYLOAD 4096          /* largest RoCE path MTU */
 
 /* IBV_ACCESS_* (rdma-core verbs.h) */
+#define ACCESS_LOCAL_WRITE (1 << 0)
 #define ACCESS_REMOTE_WRITE (1 << 1)
+#define ACCESS_REMOTE_READ (1 << 2)
+#define ACCESS_REMOTE_ATOMIC (1 << 3)
 
-/* qp_rx.state */
+/* qp.state (receive side) */
 #define QP_RX_IDLE 0              /* between messages */
 #define QP_RX_IN_WRITE 1          /* FIRST or MIDDLE of a WRITE seen; more to come */
+#define QP_RX_IN_SEND 2           /* FIRST or MIDDLE of a SEND seen; more to come */
+#define QP_RX_ERROR 3             /* a fatal NAK was sent: everything is dropped */
+
+/* rd_slot.kind */
+#define RD_READ 1
+#define RD_ATOMIC 2
 
 /* Receive verdicts counted per reason (index into rx_counters). */
 #define RX_PLACED 0               /* payload written into registered memory */
@@ -53,15 +95,41 @@
 #define RX_BAD_OPCODE_SEQ 5       /* e.g. WRITE MIDDLE without FIRST */
 #define RX_BAD_RKEY 6
 #define RX_MR_BOUNDS 7            /* outside the registered region */
-#define RX_MR_ACCESS 8            /* region lacks remote write access or is another PD's */
-#define RX_UNSUPPORTED_OPCODE 9   /* not handled in the kernel (yet): passed to user space */
+#define RX_MR_ACCESS 8            /* region lacks the access or is another PD's */
+#define RX_UNSUPPORTED_OPCODE 9   /* an opcode this data path does not implement */
 #define RX_BAD_ICRC 10
-#define RX_DUPLICATE 11           /* already received: re-acknowledged, not placed again */
-#define RX_NREASONS 12
+#define RX_DUPLICATE 11           /* already received: re-acknowledged, not executed again */
+#define RX_RNR 12                 /* SEND / WRITE_WITH_IMM with no receive posted: RNR NAK */
+#define RX_QP_ERROR 13            /* the QP is in the error state */
+#define RX_WRONG_SOURCE 14        /* not from the QP's connected peer */
+#define RX_ACK 15                 /* an ACK/NAK consumed by the requester */
+#define RX_READ_REQUEST 16        /* a valid READ request handed to user space to answer */
+#define RX_ATOMIC 17              /* an atomic executed on registered memory */
+#define RX_UNEXPECTED_RESPONSE 18 /* a response or ACK outside what is outstanding */
+#define RX_INVALID_REQUEST 19     /* too long for the receive buffer, misaligned atomic ... */
+#define RX_CNP 20                 /* a CNP consumed by the requester */
+#define RX_NREASONS 21
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0
 #define TX_NAK_SEQ 1
-#define TX_NCOUNTERS 2
+#define TX_NAK_RNR 2
+#define TX_NAK_INV_REQ 3
+#define TX_NAK_REM_ACCESS 4
+#define TX_NAK_REM_OP 5
+#define TX_ATOMIC_ACK 6
+#define TX_CNP 7
+#define TX_NCOUNTERS 8
+
+/* Events for user space (ring buffer). */
+#define EV_RECV 1                 /* a receive WQE completed (SEND or WRITE_WITH_IMM) */
+#define EV_READ_REQUEST 2         /* answer this READ (responder) */
+#define EV_ACK 3                  /* the requester's oldest unacknowledged PSN advanced */
+#define EV_NAK 4                  /* a NAK (sequence, RNR, fatal) reached the requester */
+#define EV_RD_DONE 5              /* a READ response or atomic ACK completed slot rd_head */
+#define EV_RD_GAP 6               /* READ responses arrived past a lost one: re-request */
+#define EV_CNP 7                  /* a CNP reached the requester */
+#define EV_RECV_ERR 8             /* a receive WQE failed (status in ev.status) */
+#define EV_QP_ERROR 9             /* the responder sent a fatal NAK and moved the QP to ERR */
 
 #endif

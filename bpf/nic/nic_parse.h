@@ -29,6 +29,22 @@ struct roce_pkt {
     __u32 ipver;
     __u32 bth_off;    /* offset of the BTH from the start of the frame */
     __u32 udp_len;    /* UDP length field: BTH .. ICRC */
+    __u32 ecn;        /* the IP ECN field (3 = CE) */
+    __u8 saddr[16];   /* source address; IPv4 in the first 4 bytes, the rest zero */
+};
+
+struct aeth {
+    __be32 w;         /* syndrome (8) | MSN (24) */
+};
+
+struct atomic_eth {
+    __be32 va_hi;
+    __be32 va_lo;
+    __be32 rkey;
+    __be32 swap_hi;   /* swap (CMP_SWAP) or add (FETCH_ADD) */
+    __be32 swap_lo;
+    __be32 cmp_hi;
+    __be32 cmp_lo;
 };
 
 #define PARSE_NOT_ROCE 1
@@ -51,6 +67,9 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
             return PARSE_NOT_ROCE;    /* options or fragments: not ours to parse */
         udp = (void *)(ip + 1);
         rp->ipver = 4;
+        rp->ecn = ip->tos & 3;
+        __builtin_memset(rp->saddr, 0, 16);
+        __builtin_memcpy(rp->saddr, &ip->saddr, 4);
     } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
         if ((void *)(ip6 + 1) > data_end)
@@ -59,6 +78,8 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
             return PARSE_NOT_ROCE;
         udp = (void *)(ip6 + 1);
         rp->ipver = 6;
+        rp->ecn = (ip6->flow_lbl[0] >> 4) & 3;
+        __builtin_memcpy(rp->saddr, &ip6->saddr, 16);
     } else {
         return PARSE_NOT_ROCE;
     }

@@ -1,104 +1,146 @@
 """`metaroce demo`: the embedded default run on this machine. A two-host lab; `metaroce up` on
-h2 makes its eth0 an XDP RDMA NIC; an application on h2 registers a region; h1 WRITEs into it
-through the C fast path (AF_XDP); every region is checked by SHA-256; perftest-style summary."""
+both hosts makes each eth0 an XDP RDMA NIC; one application per host uses the verbs API:
+h1 WRITEs 256 MiB into h2's memory, READs it back, SENDs to posted receives and runs atomics.
+Every region is checked by SHA-256; a perftest-style summary and the NIC counters follow."""
 
 import hashlib
-import mmap
 import os
-import socket
 import time
 
 import click
 
 from ..errors import MetaroceError
-from ..fastpath.xsk import XskSocket
-from ..lab import core, fabric, netdev
-from ..lab.traffic import udp_socket
+from ..lab import core, fabric
 from ..nic import daemon as nicd
-from ..nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE
-from ..wire import consts as C
-from ..wire.headers import AETH, BTH
+from ..verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC,
+                     IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
+                     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
+                     IBV_WR_RDMA_WRITE, IBV_WR_SEND_WITH_IMM, Context, QPInitAttr, RecvWR, SendWR,
+                     wc_status_str)
 from .output import emit_json, json_option, log
 
 DEMO_LAB = "demo"
-MSG = 1 << 20            # one WRITE
-ITERS = 64               # 64 MiB in all
-PMTU = 1024              # the largest RoCE path MTU that fits 1500-byte links
-QPN, PEER_QPN, PD = 0x000111, 0x000222, 1
+MiB = 1 << 20
+MSG = 1 * MiB            # one WRITE / READ work request
+TOTAL = 256 * MiB        # moved each way
+SENDS = 64               # SEND_WITH_IMM of 64 KiB each into posted receives
+SEND_BYTES = 64 * 1024
+DEPTH = 16               # work requests in flight
+ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+          IBV_ACCESS_REMOTE_ATOMIC)
 
 
-def _wait_acks(sock: socket.socket, want_psn: int, timeout_s: float) -> tuple[int, float]:
-    """Read ACKs until the one for want_psn; returns (ACKs seen, arrival time)."""
-    sock.settimeout(timeout_s)
-    seen = 0
-    while True:
-        payload = sock.recv(2048)
-        bth, aeth = BTH.parse(payload[:12]), AETH.parse(payload[12:16])
-        if bth.opcode != C.Opcode.RC_ACKNOWLEDGE or aeth.syndrome & 0x60:
-            raise MetaroceError(f"the responder answered with syndrome 0x{aeth.syndrome:02x} "
-                                f"at PSN {bth.psn}")
-        seen += 1
-        if bth.psn == want_psn:
-            return seen, time.monotonic()
+class _Host:
+    def __init__(self, ctx: Context, size: int):
+        self.ctx = ctx
+        self.pd = PD(ctx)
+        self.mr = MR(self.pd, size, ACCESS)
+        self.cq = CQ(ctx, 4096)
+        self.qp = QP(self.pd, QPInitAttr(self.cq, self.cq))
+
+
+def _check(wcs) -> None:
+    for wc in wcs:
+        if wc.status != IBV_WC_SUCCESS:
+            raise MetaroceError(f"work request {wc.wr_id} ({wc.opcode}) failed: "
+                                f"{wc_status_str(wc.status)}")
+
+
+def _stream(a: _Host, opcode: str, total: int, bar, remote_off: int, local_off: int, b: _Host):
+    """total bytes in MSG-sized work requests, DEPTH in flight; returns seconds."""
+    n = total // MSG
+    posted = done = 0
+    t0 = time.monotonic()
+    while done < n:
+        while posted < n and posted - done < DEPTH:
+            a.qp.post_send(SendWR(opcode, wr_id=posted,
+                                  sg_list=[a.mr.sge(local_off + posted * MSG, MSG)],
+                                  remote_addr=b.mr.addr + remote_off + posted * MSG,
+                                  rkey=b.mr.rkey))
+            posted += 1
+        wcs = a.cq.wait(1, timeout_s=60)
+        _check(wcs)
+        done += len(wcs)
+        bar.update(MSG * len(wcs))
+    return time.monotonic() - t0
 
 
 def _run(view) -> dict:
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
-    a, b = h1.iface("eth0"), h2.iface("eth0")
-    dev = nicd.DeviceId("eth0", h2.netns)
-    st = nicd.start_background(dev, "roce")
+    devs = [nicd.DeviceId("eth0", h.netns) for h in (h1, h2)]
+    started = []
     try:
-        # the application on h2: one region, mapped through the fd the daemon hands it
-        rep, fds = nicd.request(dev, {"op": "reg_mr", "length": MSG * ITERS, "pd": PD,
-                                      "access": ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE})
-        if "error" in rep:
-            raise MetaroceError(f"reg_mr: {rep['error']}")
-        region = mmap.mmap(fds[0], rep["map_bytes"])
-        psn0 = int.from_bytes(os.urandom(3), "big")
-        nicd.request(dev, {"op": "set_qp", "qpn": QPN, "epsn": psn0, "pd": PD, "dqpn": PEER_QPN})
-        data = os.urandom(MSG * ITERS)
-        acks = udp_socket(h1.netns, bind=("", C.ROCEV2_UDP_PORT), rcvbuf=8 << 20)
-        with netdev.in_netns(h1.netns):
-            xs = XskSocket(view.ports[("h1", "eth0")])
-        psn = psn0
-        try:
-            flow = xs.flow(dmac=b.mac, smac=a.mac, src_ip=a.ipv4.split("/")[0],
-                           dst_ip=b.ipv4.split("/")[0], dqpn=QPN, sport=0xC000 | psn0 & 0x3FFF)
-            t0 = time.monotonic()
-            with click.progressbar(range(ITERS), label="RDMA WRITE h1 -> h2", file=click.get_text_stream("stderr")) as bar:
-                for i in bar:
-                    psn = (psn0 + i * (MSG // PMTU)) & C.PSN_MASK
-                    xs.send_write(flow, memoryview(data)[i * MSG:(i + 1) * MSG], pmtu=PMTU,
-                                  psn0=psn, va=rep["addr"] + i * MSG, rkey=rep["rkey"])
-            while xs.in_flight():       # wakes the kernel until the TX ring is drained
-                pass
-            last_psn = (psn0 + ITERS * (MSG // PMTU) - 1) & C.PSN_MASK
-            try:
-                n_acks, t1 = _wait_acks(acks, last_psn, 5.0)
-            except socket.timeout:
-                c = nicd.request(dev, {"op": "status"})[0]["counters"]
-                raise MetaroceError("no ACK for the last WRITE within 5 s; NIC counters: " +
-                                    ", ".join(f"{k} {v}" for k, v in c.items() if v)) from None
-        finally:
-            xs.close()
-            acks.close()
-        ok_data = hashlib.sha256(region[:MSG * ITERS]).digest() == hashlib.sha256(data).digest()
-        region.close()
-        os.close(fds[0])
-        status = nicd.request(dev, {"op": "status"})[0]
+        for dev in devs:
+            st = nicd.start_background(dev, "roce")
+            started.append(dev)
+        c1, c2 = Context("eth0", h1.netns), Context("eth0", h2.netns)
+        a, b = _Host(c1, 2 * TOTAL), _Host(c2, TOTAL + SENDS * SEND_BYTES + 4096)
+        ip1, ip2 = (h.iface("eth0").ipv4.split("/")[0] for h in (h1, h2))
+        a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2})
+        b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1})
+        data = os.urandom(TOTAL)
+        a.mr.write(data)
+        want = hashlib.sha256(data).digest()
+        err = click.get_text_stream("stderr")
+        with click.progressbar(length=TOTAL, label="RDMA WRITE h1 -> h2", file=err) as bar:
+            write_s = _stream(a, IBV_WR_RDMA_WRITE, TOTAL, bar, 0, 0, b)
+        write_ok = hashlib.sha256(b.mr.buf[:TOTAL]).digest() == want
+        with click.progressbar(length=TOTAL, label="RDMA READ  h1 <- h2", file=err) as bar:
+            read_s = _stream(a, IBV_WR_RDMA_READ, TOTAL, bar, 0, TOTAL, b)
+        read_ok = hashlib.sha256(a.mr.buf[TOTAL:2 * TOTAL]).digest() == want
+
+        # SEND with immediate into receives posted by h2's application
+        base = TOTAL
+        b.qp.post_recv([RecvWR(wr_id=i, sg_list=[b.mr.sge(base + i * SEND_BYTES, SEND_BYTES)])
+                        for i in range(SENDS)])
+        a.qp.post_send([SendWR(IBV_WR_SEND_WITH_IMM, wr_id=1000 + i, imm_data=i,
+                               sg_list=[a.mr.sge(i * SEND_BYTES, SEND_BYTES)])
+                        for i in range(SENDS)])
+        _check(a.cq.wait(SENDS, timeout_s=30))
+        recvs = b.cq.wait(SENDS, timeout_s=30)
+        _check(recvs)
+        send_ok = ([(w.wr_id, w.imm_data, w.byte_len) for w in recvs] ==
+                   [(i, i, SEND_BYTES) for i in range(SENDS)] and
+                   hashlib.sha256(b.mr.buf[base:base + SENDS * SEND_BYTES]).digest() ==
+                   hashlib.sha256(data[:SENDS * SEND_BYTES]).digest())
+
+        # atomics: 100 fetch-adds of 3 and one compare-and-swap on h2's counter word
+        word = TOTAL + SENDS * SEND_BYTES
+        b.mr.buf[word:word + 8] = (1000).to_bytes(8, "little")
+        a.qp.post_send([SendWR(IBV_WR_ATOMIC_FETCH_AND_ADD, wr_id=2000 + i, compare_add=3,
+                               sg_list=[a.mr.sge(8 * i, 8)], remote_addr=b.mr.addr + word,
+                               rkey=b.mr.rkey) for i in range(100)])
+        _check(a.cq.wait(100, timeout_s=30))
+        a.qp.post_send(SendWR(IBV_WR_ATOMIC_CMP_AND_SWP, wr_id=3000, compare_add=1300, swap=7,
+                              sg_list=[a.mr.sge(800, 8)], remote_addr=b.mr.addr + word,
+                              rkey=b.mr.rkey))
+        _check(a.cq.wait(1, timeout_s=30))
+        olds = [int.from_bytes(a.mr.buf[8 * i:8 * i + 8], "little") for i in range(101)]
+        atomic_ok = (olds == [1000 + 3 * i for i in range(100)] + [1300] and
+                     int.from_bytes(b.mr.buf[word:word + 8], "little") == 7)
+        s1, s2 = c1.status(), c2.status()
+        qp = a.qp.query()
+        c1.close()
+        c2.close()
     finally:
-        nicd.stop(dev)
-    secs = t1 - t0
-    return {"xdp_mode": st["xdp_mode"], "mode": st["mode"], "bytes_verified": MSG * ITERS if ok_data else 0,
-            "data_ok": ok_data, "write_bw_bps": round(MSG * ITERS * 8 / secs), "write_s": round(secs, 4),
-            "msg_bytes": MSG, "iterations": ITERS, "pmtu": PMTU, "acks": n_acks,
-            "msg_rate_pps": round(MSG * ITERS / PMTU / secs), "counters": status["counters"]}
+        for dev in started:
+            nicd.stop(dev)
+    verified = TOTAL * (write_ok + read_ok) + SENDS * SEND_BYTES * send_ok + 8 * 101 * atomic_ok
+    return {"xdp_mode": st["xdp_mode"], "mode": st["mode"], "bytes_verified": verified,
+            "data_ok": write_ok and read_ok and send_ok and atomic_ok,
+            "write_ok": write_ok, "read_ok": read_ok, "send_ok": send_ok, "atomic_ok": atomic_ok,
+            "write_bw_bps": round(TOTAL * 8 / write_s), "read_bw_bps": round(TOTAL * 8 / read_s),
+            "write_s": round(write_s, 4), "read_s": round(read_s, 4),
+            "msg_bytes": MSG, "iterations": TOTAL // MSG, "pmtu": qp["remote"]["mtu"],
+            "msg_rate_pps": round(TOTAL / qp["remote"]["mtu"] / write_s),
+            "retransmitted_packets": qp["retransmitted_packets"],
+            "counters": {"h1": s1["counters"], "h2": s2["counters"]}}
 
 
 @click.command()
 @json_option
 def demo(as_json):
-    """Two-host lab; h2 becomes an XDP RDMA NIC; h1 WRITEs 64 MiB into h2's memory; verify."""
+    """Two-host lab, XDP RDMA NICs on both; WRITE, READ back, SEND/RECV and atomics; verify."""
     core.preflight()
     if DEMO_LAB in core.state.names() or core.namespaces_of(DEMO_LAB):
         log("demo: removing a demo lab left by an earlier run")
@@ -109,28 +151,36 @@ def demo(as_json):
     try:
         view = core.LabView(DEMO_LAB)
         res = _run(view)
-        after = fabric.xdp_attached(view.plan.node("h2").netns, "eth0")
+        after = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
     finally:
         core.down(DEMO_LAB)
-    c = res["counters"]
-    clean = c["bad_icrc"] == c["malformed"] == c["psn_out_of_order"] == 0
-    ok = res["data_ok"] and clean and after is None and c["placed"] == ITERS * MSG // PMTU
+    c = res["counters"]["h2"]
+    clean = c["bad_icrc"] == c["malformed"] == 0
+    ok = res["data_ok"] and clean and after == [None, None]
     doc = {"ok": ok, "lab_xdp_mode": rec["xdp_mode"], "lab_up_s": round(up_s, 3),
-           "nic_detached_after_down": after is None, **res}
+           "nic_detached_after_down": after == [None, None], **res}
     if as_json:
         emit_json(doc)
         return 0 if ok else 1
-    click.echo("-" * 86)
-    click.echo("                    RDMA_Write BW Test (MetaRoCE demo: h1 -> XDP NIC on h2)")
+    line = "-" * 86
+    click.echo(line)
+    click.echo("                    RDMA_Write / RDMA_Read BW Test (MetaRoCE demo: h1 <-> h2)")
     click.echo(f" Mode            : {res['mode']} (RoCEv2 RC, go-back-N)   XDP: {res['xdp_mode']}")
-    click.echo(f" Transport       : AF_XDP (copy mode) on veth, PMTU {PMTU}, placement + ACK in XDP")
-    click.echo("-" * 86)
-    click.echo(" #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]   ACKs")
-    click.echo(f" {MSG:<10} {ITERS:<14} {res['write_bw_bps'] / 1e9:<20.2f} "
-               f"{res['msg_rate_pps'] / 1e6:<15.3f} {res['acks']}")
-    click.echo("-" * 86)
-    click.echo(f" SHA-256 of {res['bytes_verified'] // (1 << 20)} MiB on h2: "
-               f"{'match' if res['data_ok'] else 'MISMATCH'}")
-    click.echo(" NIC counters: " + ", ".join(f"{k} {v}" for k, v in c.items() if v))
+    click.echo(f" Transport       : AF_XDP (copy mode) on veth, PMTU {res['pmtu']}, "
+               f"placement + ACK in XDP")
+    click.echo(f" Outstanding     : {DEPTH} work requests of {MSG} bytes")
+    click.echo(line)
+    click.echo(" test        #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]")
+    for name, key in (("RDMA_Write", "write"), ("RDMA_Read", "read")):
+        click.echo(f" {name:<11} {MSG:<10} {TOTAL // MSG:<14} {res[key + '_bw_bps'] / 1e9:<20.2f} "
+                   f"{res[key + '_bw_bps'] / 8 / res['pmtu'] / 1e6:<.3f}")
+    click.echo(line)
+    mark = lambda ok: "match" if ok else "MISMATCH"  # noqa: E731
+    click.echo(f" SHA-256 WRITE {TOTAL // MiB} MiB: {mark(res['write_ok'])}   READ back: "
+               f"{mark(res['read_ok'])}   SEND x{SENDS}: {mark(res['send_ok'])}   "
+               f"atomics x101: {mark(res['atomic_ok'])}")
+    for host in ("h1", "h2"):
+        cs = res["counters"][host]
+        click.echo(f" {host} NIC counters: " + ", ".join(f"{k} {v}" for k, v in cs.items() if v))
     click.echo("demo: " + ("ok" if ok else "FAILED"))
     return 0 if ok else 1

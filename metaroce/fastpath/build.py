@@ -9,8 +9,8 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("xsk.h", "roce_tx.h")
-SOURCES = ("xsk.c", "roce_tx.c")
+HEADERS = ("xsk.h", "roce_tx.h", "events.h")
+SOURCES = ("xsk.c", "roce_tx.c", "events.c")
 
 
 def ffibuilder() -> FFI:
@@ -20,7 +20,7 @@ def ffibuilder() -> FFI:
         ffi.cdef("\n".join(l for l in text.splitlines() if not l.startswith("#")))
     ffi.set_source("metaroce.fastpath._xsk", "".join(f'#include "{h}"\n' for h in HEADERS),
                    sources=[str(HERE / s) for s in SOURCES], include_dirs=[str(HERE)],
-                   libraries=["isal"],
+                   libraries=["isal", "bpf"],
                    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])
     return ffi
 

@@ -1,4 +1,4 @@
-/* RDMA WRITE segmentation into RoCEv2 frames, built in place in the UMEM. */
+/* Message segmentation into RoCEv2 frames, built in place in the UMEM. */
 #include <isa-l/crc.h>
 #include <string.h>
 
@@ -9,14 +9,33 @@
 #define UDP_LEN 8
 #define BTH_LEN 12
 #define RETH_LEN 16
+#define AETH_LEN 4
+#define ATOMICETH_LEN 28
 #define ICRC_LEN 4
 #define ROCE_PORT 4791
+#define ACKREQ_EVERY 64        /* AckReq at least every 64 packets of a long message (RESP-1) */
+#define MAX_EXT 28             /* the longest extension header a packet carries here */
 
 enum {
+    RC_SEND_FIRST = 0x00,
+    RC_SEND_MIDDLE = 0x01,
+    RC_SEND_LAST = 0x02,
+    RC_SEND_LAST_IMM = 0x03,
+    RC_SEND_ONLY = 0x04,
+    RC_SEND_ONLY_IMM = 0x05,
     RC_RDMA_WRITE_FIRST = 0x06,
     RC_RDMA_WRITE_MIDDLE = 0x07,
     RC_RDMA_WRITE_LAST = 0x08,
+    RC_RDMA_WRITE_LAST_IMM = 0x09,
     RC_RDMA_WRITE_ONLY = 0x0A,
+    RC_RDMA_WRITE_ONLY_IMM = 0x0B,
+    RC_RDMA_READ_REQUEST = 0x0C,
+    RC_RDMA_READ_RESPONSE_FIRST = 0x0D,
+    RC_RDMA_READ_RESPONSE_MIDDLE = 0x0E,
+    RC_RDMA_READ_RESPONSE_LAST = 0x0F,
+    RC_RDMA_READ_RESPONSE_ONLY = 0x10,
+    RC_COMPARE_SWAP = 0x13,
+    RC_FETCH_ADD = 0x14,
 };
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
@@ -60,13 +79,14 @@ uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len)
     return crc32_gzip_refl(crc, frame + rest, len - rest - ICRC_LEN);
 }
 
-/* Write one frame; returns its length. */
+/* Write one frame: headers, ext (extension headers, elen bytes), payload; returns its length. */
 static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint8_t opcode, uint32_t psn,
-                      int ackreq, const uint8_t *reth, const uint8_t *payload, uint32_t plen)
+                      int ackreq, int solicited, const uint8_t *ext, uint32_t elen,
+                      const uint8_t *payload, uint32_t plen)
 {
     uint32_t pad = (4 - (plen & 3)) & 3;
     uint32_t ihl = f->ipv6 ? 40 : 20;
-    uint32_t l4 = UDP_LEN + BTH_LEN + (reth ? RETH_LEN : 0) + plen + pad + ICRC_LEN;
+    uint32_t l4 = UDP_LEN + BTH_LEN + elen + plen + pad + ICRC_LEN;
     uint32_t total = ETH_LEN + ihl + l4;
     memcpy(p, f->dmac, 6);
     memcpy(p + 6, f->smac, 6);
@@ -97,16 +117,17 @@ static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint8_t opcode, 
     put16(udp + 4, l4);
     put16(udp + 6, 0);
     bth[0] = opcode;
-    bth[1] = pad << 4;
+    bth[1] = (solicited ? 0x80 : 0) | pad << 4;
     put16(bth + 2, f->pkey);
     put32(bth + 4, f->dqpn & 0xffffff);
     put32(bth + 8, (ackreq ? 0x80000000u : 0) | (psn & 0xffffff));
     uint8_t *q = bth + BTH_LEN;
-    if (reth) {
-        memcpy(q, reth, RETH_LEN);
-        q += RETH_LEN;
+    if (elen) {
+        memcpy(q, ext, elen);
+        q += elen;
     }
-    memcpy(q, payload, plen);
+    if (plen)
+        memcpy(q, payload, plen);
     memset(q + plen, 0, pad);
     uint32_t icrc = mr_roce_icrc(p, total);
     uint8_t *ic = p + total - ICRC_LEN;
@@ -123,45 +144,131 @@ static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint8_t opcode, 
     return total;
 }
 
+static int carries_payload(const struct mr_roce_msg *m)
+{
+    return m->kind == MR_MSG_WRITE || m->kind == MR_MSG_SEND || m->kind == MR_MSG_READ_RESP;
+}
+
+uint32_t mr_msg_packets(const struct mr_roce_msg *m)
+{
+    if (!carries_payload(m) || m->len == 0 || m->pmtu == 0)
+        return 1;
+    return (uint32_t)((m->len + m->pmtu - 1) / m->pmtu);
+}
+
+uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+                       const struct mr_roce_msg *m, const uint8_t *data, uint32_t idx)
+{
+    uint32_t npkts = mr_msg_packets(m);
+    if (idx >= npkts || ETH_LEN + 40 + UDP_LEN + BTH_LEN + MAX_EXT + m->pmtu + 3 + ICRC_LEN > cap)
+        return 0;
+    int first = idx == 0, last = idx == npkts - 1;
+    uint8_t ext[MAX_EXT], op;
+    uint32_t elen = 0, plen = 0;
+    const uint8_t *payload = NULL;
+    if (carries_payload(m)) {
+        uint64_t off = (uint64_t)idx * m->pmtu;
+        plen = m->len - off < m->pmtu ? (uint32_t)(m->len - off) : m->pmtu;
+        payload = data + off;
+    }
+    int imm = m->with_imm && last;
+    switch (m->kind) {
+    case MR_MSG_WRITE:
+        op = first && last ? (imm ? RC_RDMA_WRITE_ONLY_IMM : RC_RDMA_WRITE_ONLY)
+           : first ? RC_RDMA_WRITE_FIRST : last ? (imm ? RC_RDMA_WRITE_LAST_IMM : RC_RDMA_WRITE_LAST)
+           : RC_RDMA_WRITE_MIDDLE;
+        if (first) {
+            put64(ext, m->va);
+            put32(ext + 8, m->rkey);
+            put32(ext + 12, (uint32_t)m->len);
+            elen = RETH_LEN;
+        }
+        break;
+    case MR_MSG_SEND:
+        op = first && last ? (imm ? RC_SEND_ONLY_IMM : RC_SEND_ONLY)
+           : first ? RC_SEND_FIRST : last ? (imm ? RC_SEND_LAST_IMM : RC_SEND_LAST) : RC_SEND_MIDDLE;
+        break;
+    case MR_MSG_READ_RESP:
+        op = first && last ? RC_RDMA_READ_RESPONSE_ONLY : first ? RC_RDMA_READ_RESPONSE_FIRST
+           : last ? RC_RDMA_READ_RESPONSE_LAST : RC_RDMA_READ_RESPONSE_MIDDLE;
+        if (first || last) {
+            put32(ext, 0x1F000000u | (m->msn & 0xffffff));   /* ACK, credits invalid */
+            elen = AETH_LEN;
+        }
+        return build(out, f, op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
+    case MR_MSG_READ_REQ:
+        put64(ext, m->va);
+        put32(ext + 8, m->rkey);
+        put32(ext + 12, (uint32_t)m->len);
+        return build(out, f, RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, RETH_LEN, NULL, 0);
+    case MR_MSG_CMP_SWAP:
+    case MR_MSG_FETCH_ADD:
+        put64(ext, m->va);
+        put32(ext + 8, m->rkey);
+        put64(ext + 12, m->swap_add);
+        put64(ext + 20, m->compare);
+        return build(out, f, m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD,
+                     m->psn0, 1, 0, ext, ATOMICETH_LEN, NULL, 0);
+    default:
+        return 0;
+    }
+    if (imm) {
+        put32(ext + elen, m->imm);
+        elen += 4;
+    }
+    int ackreq = last || (idx + 1) % ACKREQ_EVERY == 0;
+    return build(out, f, op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen, payload, plen);
+}
+
+uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+                     const uint8_t *data, uint32_t *next)
+{
+    uint32_t room = mr_xsk_tx_room(x), queued = 0, npkts = mr_msg_packets(m);
+    while (room-- && *next < npkts) {
+        uint32_t cap;
+        uint8_t *frame = mr_xsk_tx_frame(x, &cap);
+        uint32_t flen = mr_roce_build(frame, cap, f, m, data, *next);
+        if (!flen)
+            break;                     /* the caller picked a PMTU larger than a frame */
+        mr_xsk_tx_commit(x, flen);
+        (*next)++;
+        queued++;
+    }
+    if (queued)
+        mr_xsk_kick(x);
+    return queued;
+}
+
+static void write_msg(struct mr_roce_msg *m, uint64_t len, uint32_t pmtu, uint32_t psn0,
+                      uint64_t va, uint32_t rkey)
+{
+    memset(m, 0, sizeof(*m));
+    m->kind = MR_MSG_WRITE;
+    m->len = len;
+    m->pmtu = pmtu;
+    m->psn0 = psn0;
+    m->va = va;
+    m->rkey = rkey;
+}
+
 uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
                              const uint8_t *data, uint64_t len, uint32_t pmtu, uint32_t psn0,
                              uint64_t va, uint32_t rkey, uint64_t idx)
 {
-    uint64_t npkts = len ? (len + pmtu - 1) / pmtu : 1;
-    if (idx >= npkts || ETH_LEN + 40 + UDP_LEN + BTH_LEN + RETH_LEN + pmtu + 3 + ICRC_LEN > cap)
-        return 0;
-    uint64_t off = idx * pmtu;
-    uint32_t plen = len - off < pmtu ? (uint32_t)(len - off) : pmtu;
-    int first = idx == 0, last = idx == npkts - 1;
-    uint8_t op = first && last ? RC_RDMA_WRITE_ONLY : first ? RC_RDMA_WRITE_FIRST
-               : last ? RC_RDMA_WRITE_LAST : RC_RDMA_WRITE_MIDDLE;
-    uint8_t reth[RETH_LEN];
-    put64(reth, va);
-    put32(reth + 8, rkey);
-    put32(reth + 12, (uint32_t)len);
-    return build(out, f, op, psn0 + (uint32_t)idx, last, first ? reth : NULL, data + off, plen);
+    struct mr_roce_msg m;
+    write_msg(&m, len, pmtu, psn0, va, rkey);
+    return idx > 0xffffffffu ? 0 : mr_roce_build(out, cap, f, &m, data, (uint32_t)idx);
 }
 
 uint32_t mr_send_write(struct mr_xsk *x, const struct mr_roce_flow *f, const uint8_t *data,
                        uint64_t len, uint32_t pmtu, uint32_t psn0, uint64_t va, uint32_t rkey,
                        uint64_t *offset)
 {
-    uint32_t room = mr_xsk_tx_room(x), queued = 0;
-    uint64_t npkts = len ? (len + pmtu - 1) / pmtu : 1;
-    while (room--) {
-        uint64_t idx = *offset / pmtu;
-        if (idx >= npkts || (len && *offset >= len))
-            break;
-        uint32_t cap;
-        uint8_t *frame = mr_xsk_tx_frame(x, &cap);
-        uint32_t flen = mr_roce_build_write(frame, cap, f, data, len, pmtu, psn0, va, rkey, idx);
-        if (!flen)
-            break;                     /* the caller picked a PMTU larger than a frame */
-        mr_xsk_tx_commit(x, flen);
-        *offset = len ? (idx + 1) * pmtu < len ? (idx + 1) * pmtu : len : 1;
-        queued++;
-    }
-    if (queued)
-        mr_xsk_kick(x);
-    return queued;
+    struct mr_roce_msg m;
+    write_msg(&m, len, pmtu, psn0, va, rkey);
+    uint32_t next = (uint32_t)(*offset / pmtu);
+    uint32_t n = mr_send_msg(x, f, &m, data, &next);
+    uint64_t done = (uint64_t)next * pmtu;
+    *offset = len ? (done < len ? done : len) : next;
+    return n;
 }

@@ -1,6 +1,8 @@
-/* Requester transmit: segment one RDMA WRITE into RoCEv2 frames (FIRST/MIDDLE/LAST or ONLY,
- * RETH on the first, AckReq on the last) with IP/UDP checksums and the ICRC, written straight
- * into an AF_XDP socket's UMEM and queued in batches. */
+/* Requester and responder transmit: segment one message (RDMA WRITE, SEND, READ response) into
+ * RoCEv2 frames (FIRST/MIDDLE/LAST or ONLY, RETH / ImmDt / AETH where they belong, AckReq on
+ * the last request packet and every ACKREQ_EVERY packets), or build one READ request or atomic
+ * request, with IP/UDP checksums and the ICRC, written straight into an AF_XDP socket's UMEM
+ * and queued in batches. */
 #ifndef METAROCE_ROCE_TX_H
 #define METAROCE_ROCE_TX_H
 
@@ -23,15 +25,49 @@ struct mr_roce_flow {
     uint32_t dqpn;
 };
 
-/* Continue sending the WRITE of `len` bytes at `data` to (va, rkey) whose first packet has
- * PSN psn0. *offset is how much of it is already queued; it advances. Returns the number of
- * packets queued by this call (0 when the rings are full: reap completions and call again). */
+/* struct mr_roce_msg.kind */
+#define MR_MSG_WRITE 1
+#define MR_MSG_SEND 2
+#define MR_MSG_READ_RESP 3
+#define MR_MSG_READ_REQ 4
+#define MR_MSG_CMP_SWAP 5
+#define MR_MSG_FETCH_ADD 6
+
+/* One message. Payload-carrying kinds (WRITE, SEND, READ_RESP) take ceil(len / pmtu) packets
+ * (one when len is 0); the others take one packet. */
+struct mr_roce_msg {
+    uint8_t kind;          /* MR_MSG_* */
+    uint8_t with_imm;      /* WRITE / SEND with immediate */
+    uint8_t solicited;
+    uint8_t pad;
+    uint32_t imm;          /* immediate data (host order; sent big-endian) */
+    uint32_t pmtu;
+    uint32_t psn0;         /* PSN of the first packet */
+    uint32_t rkey;         /* WRITE / READ_REQ / atomics */
+    uint32_t msn;          /* READ_RESP: the MSN in its AETH */
+    uint64_t va;           /* WRITE / READ_REQ / atomics: the remote address */
+    uint64_t len;          /* payload length (READ_REQ: the DMA length) */
+    uint64_t swap_add;     /* atomics */
+    uint64_t compare;
+};
+
+/* Packets the message takes. */
+uint32_t mr_msg_packets(const struct mr_roce_msg *m);
+
+/* Build packet idx of message m (payload at data) into out (cap bytes); returns its length, 0
+ * if it does not fit or idx is past the end. */
+uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+                       const struct mr_roce_msg *m, const uint8_t *data, uint32_t idx);
+
+/* Queue packets *next .. of message m (as many as the rings take); *next advances. Returns the
+ * number queued by this call (0 when the rings are full: reap completions and call again). */
+uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+                     const uint8_t *data, uint32_t *next);
+
+/* The WRITE-only forms of the two above (kept for their callers). */
 uint32_t mr_send_write(struct mr_xsk *x, const struct mr_roce_flow *f, const uint8_t *data,
                        uint64_t len, uint32_t pmtu, uint32_t psn0, uint64_t va, uint32_t rkey,
                        uint64_t *offset);
-
-/* Build packet idx of that WRITE into out (cap bytes); returns its length, 0 if it does not fit
- * or idx is past the end. */
 uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
                              const uint8_t *data, uint64_t len, uint32_t pmtu, uint32_t psn0,
                              uint64_t va, uint32_t rkey, uint64_t idx);

@@ -1,13 +1,14 @@
 """The software RNIC daemon (`metaroce up`): owns the XDP NIC of one device in one network
 namespace. The program is attached through a BPF link held by this process, so if the daemon
 dies for any reason the kernel stops placing and acknowledging at once. Applications talk to it
-over a local control socket (JSON lines); memory regions travel to their owner as map fds
-(SCM_RIGHTS), so an application can map only the MRs it registered."""
+over a local control socket (JSON lines: requests with an "id" get a reply with that id;
+completions arrive as {"event": "wc"} lines); memory regions travel to their owner as map fds
+(SCM_RIGHTS), so an application can map only the MRs it registered, and everything a
+connection created is reclaimed when it closes."""
 
 from __future__ import annotations
 
 import array
-import contextlib
 import json
 import os
 import selectors
@@ -20,7 +21,9 @@ from pyroute2 import IPRoute
 
 from ..errors import MetaroceError
 from ..kern import libbpf
-from ..lab.netdev import in_netns
+from pyroute2 import netns as _netns
+
+from .device import DEVICE_LIMITS, Device
 from .rx import RxPath
 
 RUN_DIR = os.environ.get("METAROCE_RUN_DIR", "/run/metaroce/nic")
@@ -52,7 +55,10 @@ def running_pid(dev: DeviceId) -> int | None:
         return None
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return None                 # dead, not yet reaped by its parent
+    except (ProcessLookupError, FileNotFoundError):
         return None
     return pid
 
@@ -88,21 +94,27 @@ class Daemon:
                                 "built yet: use --mode roce (RoCEv2 go-back-N)")
         self.dev, self.mode = dev, mode
         self.started = time.time()
-        self.rx = RxPath()
-        with in_netns(dev.netns) if dev.netns else contextlib.nullcontext():
+        if dev.netns:                    # the daemon lives in its device's namespace
+            _netns.setns(dev.netns)
+        try:
             self.ifindex = socket.if_nametoindex(dev.dev)
-            with IPRoute() as ipr:
-                mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-            _detach_netlink_xdp(self.ifindex)
-            self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
-            self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
-            os.makedirs(RUN_DIR, exist_ok=True)
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                os.unlink(dev.sock_path)
-            except FileNotFoundError:
-                pass
-            self.sock.bind(dev.sock_path)
+        except OSError:
+            raise MetaroceError(f"no interface {dev.dev}"
+                                f"{' in ' + dev.netns if dev.netns else ''}") from None
+        self.rx = RxPath()
+        with IPRoute() as ipr:
+            mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
+        _detach_netlink_xdp(self.ifindex)
+        self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
+        self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
+        self.device = Device(self.rx, self.ifindex, mode)
+        os.makedirs(RUN_DIR, exist_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.unlink(dev.sock_path)
+        except FileNotFoundError:
+            pass
+        self.sock.bind(dev.sock_path)
         os.chmod(dev.sock_path, 0o660)      # root and the socket's group may use the device
         self.sock.listen(16)
         with open(dev.pid_path, "w") as f:
@@ -113,64 +125,131 @@ class Daemon:
         return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
                 "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
-                "counters": self.rx.counters()}
+                "counters": self.rx.counters(), "events": self.rx.event_counters(),
+                "tx": self.device.xsk.stats(),
+                "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
+
+    def _op(self, conn, req: dict) -> tuple[dict, list[int]]:
+        """One request of connection conn; returns the reply and fds to pass."""
+        d, op = self.device, req.get("op")
+        if op == "status":
+            return self.status(), []
+        if op == "query_device":
+            return {"limits": DEVICE_LIMITS, "mode": self.mode, "xdp_mode": self.xdp_mode,
+                    "max_pmtu": d.max_pmtu(), "node_guid": f"{self.ifindex:016x}"}, []
+        if op == "alloc_pd":
+            return {"pd": d.alloc_pd(conn)}, []
+        if op == "reg_mr":
+            mr = d.reg_mr(conn, int(req["pd"]), int(req["length"]), int(req["access"]))
+            return {"lkey": mr.rkey, "rkey": mr.rkey, "addr": mr.addr, "length": mr.length,
+                    "map_bytes": len(mr._mm)}, [mr.fd]
+        if op == "dereg_mr":
+            d.dereg_mr(conn, int(req["key"]))
+            return {"ok": True}, []
+        if op == "create_cq":
+            return {"cq": d.create_cq(conn, int(req.get("depth", 1024)))}, []
+        if op == "create_qp":
+            qp = d.create_qp(conn, int(req["pd"]), int(req["send_cq"]), int(req["recv_cq"]),
+                             dict(req.get("cap", {})))
+            return d.qp_attrs(qp), []
+        if op == "connect_qp":
+            qp = d.own_qp(conn, int(req["qpn"]))
+            return d.connect_qp(qp, dict(req["remote"]), dict(req.get("attr", {}))), []
+        if op == "query_qp":
+            return d.qp_stats(d.own_qp(conn, int(req["qpn"]))), []
+        if op == "destroy_qp":
+            d.destroy_qp(conn, int(req["qpn"]))
+            return {"ok": True}, []
+        if op == "post_send":
+            d.post_send(conn, int(req["qpn"]), list(req["wrs"]))
+            return {"ok": True}, []
+        if op == "post_recv":
+            d.post_recv(conn, int(req["qpn"]), list(req["wrs"]))
+            return {"ok": True}, []
+        if op == "set_qp":           # raw receive state, for tools driving the wire directly
+            self.rx.set_qp(int(req["qpn"]), int(req["epsn"]), int(req["pd"]),
+                           int(req.get("dqpn", 0)))
+            return {"ok": True}, []
+        return {"error": f"unknown op {op!r}"}, []
 
     def _handle(self, conn: socket.socket, line: bytes) -> None:
         fds: list[int] = []
+        rid = None
         try:
             req = json.loads(line)
-            op = req.get("op")
-            if op == "status":
-                rep = self.status()
-            elif op == "reg_mr":
-                mr = self.rx.reg_mr(int(req["length"]), int(req.get("pd", 0)), int(req["access"]))
-                rep = {"rkey": mr.rkey, "addr": mr.addr, "length": mr.length,
-                       "map_bytes": len(mr._mm)}
-                fds = [mr.fd]
-            elif op == "set_qp":
-                self.rx.set_qp(int(req["qpn"]), int(req["epsn"]), int(req["pd"]),
-                               int(req.get("dqpn", 0)))
-                rep = {"ok": True}
+            if not isinstance(req, dict):
+                raise ValueError("a request is a JSON object")
+            rid = req.get("id")
+            rep, fds = self._op(conn, req)
+        except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
+            rep = {"error": str(exc) or type(exc).__name__}
+        if rid is not None:
+            rep = {**rep, "id": rid}
+        self._send(conn, rep, fds)
+
+    def _send(self, conn: socket.socket, msg: dict, fds: list[int] = ()) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            if fds:
+                conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             else:
-                rep = {"error": f"unknown op {op!r}"}
-        except (ValueError, KeyError, TypeError, MetaroceError, OSError) as exc:
-            rep = {"error": str(exc)}
-        data = (json.dumps(rep) + "\n").encode()
-        if fds:
-            conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        else:
-            conn.sendall(data)
+                conn.sendall(data)
+        except OSError:
+            pass                     # the application went away; its close reclaims it
 
     def serve_forever(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
         sel = selectors.DefaultSelector()
-        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self.sock, selectors.EVENT_READ, "listen")
+        sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
         buffers: dict[socket.socket, bytes] = {}
+        dev = self.device
+        busy = 0
         try:
             while not self._stop:
-                for key, _ in sel.select(timeout=0.5):
-                    if key.fileobj is self.sock:
+                if busy:
+                    timeout = 0
+                else:
+                    dl = dev.next_deadline()
+                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - time.monotonic()))
+                for key, _ in sel.select(timeout=timeout):
+                    if key.data == "listen":
                         conn, _ = self.sock.accept()
-                        sel.register(conn, selectors.EVENT_READ)
+                        sel.register(conn, selectors.EVENT_READ, "conn")
                         buffers[conn] = b""
                         continue
+                    if key.data == "ring":
+                        continue
                     conn = key.fileobj
-                    chunk = conn.recv(65536)
+                    try:
+                        chunk = conn.recv(1 << 20)
+                    except OSError:
+                        chunk = b""
                     if not chunk:
                         sel.unregister(conn)
                         buffers.pop(conn, None)
+                        dev.release(conn)
                         conn.close()
                         continue
                     buffers[conn] += chunk
                     while b"\n" in buffers[conn]:
                         line, buffers[conn] = buffers[conn].split(b"\n", 1)
                         self._handle(conn, line)
+                    if len(buffers[conn]) > 16 << 20:
+                        self._send(conn, {"error": "request line too long"})
+                        buffers[conn] = b""
+                dev.on_events()
+                busy = dev.transmit()
+                dev.on_events()
+                for cq, wcs in dev.take_wcs():
+                    self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
         finally:
             self.close()
 
     def close(self) -> None:
         os.close(self.link_fd)              # detaches the program
+        self.device.close()
         self.sock.close()
         for p in (self.dev.sock_path, self.dev.pid_path):
             try:

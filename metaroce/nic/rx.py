@@ -1,5 +1,6 @@
-"""Load the NIC receive program (bpf/nic/nic.bpf.c) and manage what it reads: QP receive
-state, memory regions (one mmap-able array map per MR, found by rkey), counters."""
+"""Load the NIC data-path program (bpf/nic/nic.bpf.c) and manage what it reads and writes: QP
+state, posted receives, outstanding READ/ATOMIC slots, memory regions (one mmap-able array map
+per MR, found by key), counters, and the event ring it reports through."""
 
 from __future__ import annotations
 
@@ -17,8 +18,17 @@ MR_CHUNK = 65536
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
 RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order",
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
-              "bad_icrc", "duplicate")
-TX_COUNTERS = ("ack", "nak_seq")
+              "bad_icrc", "duplicate", "rnr", "qp_error", "wrong_source", "ack", "read_request",
+              "atomic", "unexpected_response", "invalid_request", "cnp")
+TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
+               "atomic_ack", "cnp")
+RQ_DEPTH, RD_DEPTH = 256, 16
+RD_READ, RD_ATOMIC = 1, 2
+EV_RECV, EV_READ_REQUEST, EV_ACK, EV_NAK, EV_RD_DONE, EV_RD_GAP, EV_CNP, EV_RECV_ERR, \
+    EV_QP_ERROR = range(1, 10)
+QP_COUNTERS = ("rx_packets", "rx_bytes", "out_of_sequence", "duplicate_request",
+               "packet_seq_err", "rnr_nak_received", "np_cnp_sent", "rp_cnp_handled",
+               "np_ecn_marked_roce_packets", "acks_received")
 
 
 def crc32_slice8_tables() -> bytes:
@@ -34,8 +44,9 @@ def crc32_slice8_tables() -> bytes:
         prev = tables[-1]
         tables.append([(v >> 8) ^ t0[v & 0xFF] for v in prev])
     return b"".join(struct.pack("=256I", *t) for t in tables)
-_QP = struct.Struct("=IIIIQQIIII")   # struct qp_rx
-_MR_INFO = struct.Struct("=QQII")    # struct mr_info
+_MR_INFO = struct.Struct("=QQII")       # struct mr_info
+_WQE = struct.Struct("=QQQII")          # struct recv_wqe
+_RD_SLOT = struct.Struct("=QQQIIII")    # struct rd_slot
 
 
 @dataclass
@@ -60,7 +71,12 @@ class RxPath:
         self.prog_fd = self.prog.fd
         self._mrs_fd = self.bpf[b"mrs"].map_fd
         self._info_fd = self.bpf[b"mr_infos"].map_fd
-        self._qps_fd = self.bpf[b"qps"].map_fd
+        self._qps = self.bpf[b"qps"]
+        self._qps_fd = self._qps.map_fd
+        self._sq_fd = self.bpf[b"sq_psn"].map_fd
+        self._rq_fd = self.bpf[b"rq"].map_fd
+        self._rd_fd = self.bpf[b"rd_slots"].map_fd
+        self.events_fd = self.bpf[b"events"].map_fd
         libbpf.map_update_raw(self.bpf[b"crc_tab"].map_fd, struct.pack("=I", 0), crc32_slice8_tables())
         self.mrs: dict[int, MemoryRegion] = {}
 
@@ -69,15 +85,50 @@ class RxPath:
             self.dereg_mr(mr)
         self.bpf.cleanup()
 
-    def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0) -> None:
-        """Receive state of a QP in RTR: what it expects next and whom it acknowledges."""
-        libbpf.map_update_raw(self._qps_fd, struct.pack("=I", qpn),
-                              _QP.pack(epsn, pd, 0, 0, 0, 0, dqpn, msn, 0, 0))
+    def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0, *,
+               pmtu: int = 1024, sq_psn: int | None = None, peer_ip: bytes | None = None,
+               rnr_timer: int = 12) -> None:
+        """A QP in RTR/RTS: what it expects next, whom it answers, where its requests start
+        (sq_psn: the first PSN it sends; None leaves the requester side closed), and, with
+        peer_ip (4 or 16 bytes), the only source it accepts."""
+        leaf = self._qps.Leaf()
+        leaf.epsn, leaf.pd, leaf.dqpn, leaf.msn, leaf.pmtu = epsn, pd, dqpn, msn, pmtu
+        leaf.rnr_timer = rnr_timer
+        if peer_ip is not None:
+            leaf.peer_set = 1
+            leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))
+        if sq_psn is not None:
+            leaf.una = sq_psn
+            self.set_sq_psn(qpn, sq_psn)
+        self._qps[self._qps.Key(qpn)] = leaf
+
+    def set_sq_psn(self, qpn: int, psn: int) -> None:
+        """The next PSN the requester will send: ACKs beyond it are forged (RESP-12)."""
+        libbpf.map_update_raw(self._sq_fd, struct.pack("=I", qpn), struct.pack("=I", psn))
+
+    def del_qp(self, qpn: int) -> None:
+        key = struct.pack("=I", qpn)
+        for fd in (self._qps_fd, self._sq_fd):
+            libbpf.map_delete_raw(fd, key)
+        for slot in range(RQ_DEPTH):
+            libbpf.map_delete_raw(self._rq_fd, struct.pack("=Q", qpn << 32 | slot))
+        for slot in range(RD_DEPTH):
+            libbpf.map_delete_raw(self._rd_fd, struct.pack("=Q", qpn << 32 | slot))
+
+    def post_recv(self, qpn: int, seq: int, wr_id: int, addr: int, lkey: int, length: int) -> None:
+        """Receive WQE number seq of the QP (the caller keeps seq - rq_head < RQ_DEPTH)."""
+        libbpf.map_update_raw(self._rq_fd, struct.pack("=Q", qpn << 32 | seq % RQ_DEPTH),
+                              _WQE.pack(wr_id, seq, addr, lkey, length))
+
+    def set_rd_slot(self, qpn: int, idx: int, *, wr_id: int, addr: int, length: int, lkey: int,
+                    first_psn: int, kind: int) -> None:
+        """Where the response to outstanding READ/ATOMIC number idx of the QP lands."""
+        libbpf.map_update_raw(self._rd_fd, struct.pack("=Q", qpn << 32 | idx % RD_DEPTH),
+                              _RD_SLOT.pack(wr_id, addr, length, lkey, first_psn, kind, idx))
 
     def qp_state(self, qpn: int) -> dict:
-        raw = self.bpf[b"qps"][self.bpf[b"qps"].Key(qpn)]
-        return {f: getattr(raw, f) for f in ("epsn", "state", "wr_va", "wr_left", "dqpn", "msn",
-                                             "nak_sent")}
+        raw = self._qps[self._qps.Key(qpn)]
+        return {f: getattr(raw, f) for f, *_ in raw._fields_ if f not in ("peer_ip", "pad")}
 
     def reg_mr(self, length: int, pd: int, access: int, addr: int | None = None) -> MemoryRegion:
         """Register `length` bytes of new memory; the rkey is random (unpredictable)."""
@@ -114,6 +165,10 @@ class RxPath:
         out = {name: sum(rx[rx.Key(i)]) for i, name in enumerate(RX_REASONS)}
         out.update({f"tx_{name}": sum(tx[tx.Key(i)]) for i, name in enumerate(TX_COUNTERS)})
         return out
+
+    def event_counters(self) -> dict:
+        ev = self.bpf[b"ev_counters"]
+        return {"events": sum(ev[ev.Key(0)]), "events_lost": sum(ev[ev.Key(1)])}
 
     def run(self, packet: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
         return libbpf.prog_test_run(self.prog_fd, packet, repeat)

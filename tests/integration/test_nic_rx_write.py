@@ -19,7 +19,6 @@ from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOT
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 QPN, PD, PEER_QPN = 0x000123, 7, 0x000456
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x0A, 0x0B
-SEND_ONLY = 0x04
 
 
 @pytest.fixture(scope="module")
@@ -78,41 +77,68 @@ def test_multi_packet_write_across_a_chunk_boundary(rx, v6):
 
 
 def test_pad_count_and_immediate_are_excluded_from_the_payload(rx):
-    mr = rx.reg_mr(8192, PD, ACCESS_REMOTE_WRITE)
+    mr = rx.reg_mr(8192, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)
     rx.set_qp(QPN, epsn=5, pd=PD)
+    rx.post_recv(QPN, 0, wr_id=99, addr=mr.addr + 4096, lkey=mr.rkey, length=16)
     data = b"xyz"
     body = reth(mr.addr, mr.rkey, 3) + struct.pack("!I", 0xCAFE) + data
     rc, _, _ = rx.run(pkt(WRITE_ONLY_IMM, 5, body, pad=1))
     assert rc == XDP_DROP
     assert bytes(mr.buf[:4]) == b"xyz\0"
+    assert rx.qp_state(QPN)["rq_head"] == 1             # the immediate consumed the receive
     rx.dereg_mr(mr)
 
 
-def test_bad_packets_are_dropped_by_reason_and_write_nothing(rx):
+def test_write_with_immediate_and_no_receive_is_rnr_nacked(rx):
+    """RESP-6: RNR NAK with the PSN and min_rnr_timer, nothing placed, ePSN kept."""
+    mr = rx.reg_mr(8192, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=5, pd=PD, dqpn=PEER_QPN, rnr_timer=14)
+    body = reth(mr.addr, mr.rkey, 4) + struct.pack("!I", 7) + b"abcd"
+    before = rx.counters()
+    rc, out, _ = rx.run(pkt(WRITE_ONLY_IMM, 5, body))
+    assert rc == XDP_TX and delta(rx, before) == {"rnr": 1, "tx_nak_rnr": 1}
+    nak, aeth, _ = _reply(out)
+    assert aeth.syndrome == 0x20 | 14 and nak.bth.psn == 5
+    assert rx.qp_state(QPN)["epsn"] == 5 and bytes(mr.buf[:4]) == bytes(4)
+    rx.dereg_mr(mr)
+
+
+def test_bad_packets_are_refused_by_reason_and_write_nothing(rx):
+    """RESP-5 / ERR-2: access violations and bad requests get their fatal NAK (the QP moves to
+    ERR); packets failing below the transport are silently dropped; nothing is written."""
     mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
     ro = rx.reg_mr(65536, PD, ACCESS_REMOTE_READ)
     other_pd = rx.reg_mr(65536, PD + 1, ACCESS_REMOTE_WRITE)
-    rx.set_qp(QPN, epsn=10, pd=PD)
     data = b"\xAA" * 512
+    inv, acc = ("tx_nak_inv_req", 0x61), ("tx_nak_rem_access", 0x62)
     cases = [
-        ("unknown_qp", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512) + data, qpn=0x999)),
-        ("bad_opcode_seq", pkt(WRITE_MIDDLE, 10, data)),
-        ("bad_rkey", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey ^ 1, 512) + data)),
-        ("mr_access", pkt(WRITE_ONLY, 10, reth(ro.addr, ro.rkey, 512) + data)),
-        ("mr_access", pkt(WRITE_ONLY, 10, reth(other_pd.addr, other_pd.rkey, 512) + data)),
-        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(mr.addr + 65536 - 100, mr.rkey, 512) + data)),
-        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(mr.addr - 1, mr.rkey, 512) + data)),
-        ("mr_bounds", pkt(WRITE_ONLY, 10, reth(2**64 - 256, mr.rkey, 512) + data)),
-        ("malformed", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 100) + data)),  # length mismatch
-        ("malformed", pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512))[:60]),   # truncated
+        ("unknown_qp", None, pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512) + data, qpn=0x999)),
+        ("bad_opcode_seq", inv, pkt(WRITE_MIDDLE, 10, data)),
+        ("bad_rkey", acc, pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey ^ 1, 512) + data)),
+        ("mr_access", acc, pkt(WRITE_ONLY, 10, reth(ro.addr, ro.rkey, 512) + data)),
+        ("mr_access", acc, pkt(WRITE_ONLY, 10, reth(other_pd.addr, other_pd.rkey, 512) + data)),
+        ("mr_bounds", acc, pkt(WRITE_ONLY, 10, reth(mr.addr + 65536 - 100, mr.rkey, 512) + data)),
+        ("mr_bounds", acc, pkt(WRITE_ONLY, 10, reth(mr.addr - 1, mr.rkey, 512) + data)),
+        ("mr_bounds", acc, pkt(WRITE_ONLY, 10, reth(2**64 - 256, mr.rkey, 512) + data)),
+        ("invalid_request", inv, pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 100) + data)),
+        ("malformed", None, pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512))[:60]),   # truncated
     ]
-    for reason, p in cases:
+    for reason, nak, p in cases:
+        rx.set_qp(QPN, epsn=10, pd=PD, dqpn=PEER_QPN)
         before = rx.counters()
-        rc, _, _ = rx.run(p)
-        assert rc == XDP_DROP and delta(rx, before) == {reason: 1}, (reason, delta(rx, before))
+        rc, out, _ = rx.run(p)
+        if nak is None:
+            assert rc == XDP_DROP and delta(rx, before) == {reason: 1}, (reason, delta(rx, before))
+            continue
+        assert rc == XDP_TX and delta(rx, before) == {reason: 1, nak[0]: 1}, (reason, delta(rx, before))
+        reply, aeth, _ = _reply(out)
+        assert aeth.syndrome == nak[1] and reply.bth.psn == 10
+        assert rx.qp_state(QPN)["state"] == 3                 # ERR: everything else is dropped
+        before = rx.counters()
+        rc, _, _ = rx.run(pkt(WRITE_ONLY, 10, reth(mr.addr, mr.rkey, 512) + data))
+        assert rc == XDP_DROP and delta(rx, before) == {"qp_error": 1}
     for region in (mr, ro, other_pd):
-        assert bytes(region.buf) == bytes(len(region.buf)), "a dropped packet wrote memory"
-    assert rx.qp_state(QPN)["epsn"] == 10
+        assert bytes(region.buf) == bytes(len(region.buf)), "a refused packet wrote memory"
     for region in (mr, ro, other_pd):
         rx.dereg_mr(region)
 
@@ -199,8 +225,14 @@ def test_icrc_is_verified_before_placement(rx, v6):
         masked[14 + 10:14 + 12] = b"\0\0"
         from scapy.layers.inet import checksum
         masked[14 + 10:14 + 12] = checksum(bytes(masked[14:34])).to_bytes(2, "big")
-    rc, _, _ = rx.run(bytes(masked))
-    assert rc == XDP_DROP and bytes(mr.buf[:len(data)]) == data
+    rx.set_qp(QPN, epsn=0, pd=PD, dqpn=PEER_QPN)   # a fresh QP: no CNP sent recently
+    rc, out, _ = rx.run(bytes(masked))
+    assert bytes(mr.buf[:len(data)]) == data
+    # the CE mark is answered with a CNP to the sender's QP (COMPAT-4, HDR-11)
+    from metaroce.wire.packet import parse_frame
+    assert rc == XDP_TX
+    cnp = parse_frame(out)
+    assert cnp.opcode_name == "CNP" and cnp.bth.dest_qp == PEER_QPN and cnp.bth.becn == 1
     rx.dereg_mr(mr)
 
 
@@ -223,16 +255,18 @@ def test_dereg_invalidates_the_rkey_at_once(rx):
     rx.dereg_mr(mr)
     before = rx.counters()
     rc, _, _ = rx.run(pkt(WRITE_ONLY, 0, reth(addr, rkey, 8) + b"12345678"))
-    assert rc == XDP_DROP and delta(rx, before) == {"bad_rkey": 1}
+    assert rc == XDP_TX and delta(rx, before) == {"bad_rkey": 1, "tx_nak_rem_access": 1}
 
 
 def test_other_traffic_passes_untouched(rx):
     rx.set_qp(QPN, epsn=0, pd=PD)
     arp = bytes(Ether() / ARP())
     udp = bytes(Ether() / IP() / UDP(dport=5000) / Raw(b"hi"))
-    send = pkt(SEND_ONLY, 0, b"not handled in the kernel yet")
-    for p, reason in ((arp, "not_roce"), (udp, "not_roce"), (send, "unsupported_opcode")):
+    for p, reason in ((arp, "not_roce"), (udp, "not_roce")):
         before = rx.counters()
         rc, out, _ = rx.run(p)
         assert rc == XDP_PASS and out == p and delta(rx, before) == {reason: 1}
+    before = rx.counters()                        # an opcode this data path does not implement
+    rc, _, _ = rx.run(pkt(0x17, 0, b"send with invalidate" + bytes(4)))
+    assert rc == XDP_DROP and delta(rx, before) == {"unsupported_opcode": 1}
 

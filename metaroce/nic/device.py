@@ -1,0 +1,610 @@
+"""The data-path worker of one device, inside the daemon: protection domains, memory regions,
+completion queues and RC queue pairs of every application, the requester of each QP (PSNs,
+the go-back-N window, retransmission, retry and RNR budgets, in-order completion), READ
+responses, and the events the kernel reports. The kernel places, acknowledges and drops;
+the C fast path builds and sends packets in batches; this module decides per work request and
+per event, never per packet."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..engine.wr import WcStatus
+from ..errors import MetaroceError
+from ..fastpath.xsk import XskSocket, _lib
+from . import neigh
+from .rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
+                 EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
+                 EV_RECV_ERR, QP_COUNTERS, RD_ATOMIC, RD_DEPTH, RD_READ, RQ_DEPTH,
+                 MemoryRegion, RxPath)
+
+PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
+MSG_WRITE, MSG_SEND, MSG_READ_RESP, MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD = range(1, 7)
+WR_OPCODES = {"RDMA_WRITE": (MSG_WRITE, 0), "RDMA_WRITE_WITH_IMM": (MSG_WRITE, 1),
+              "SEND": (MSG_SEND, 0), "SEND_WITH_IMM": (MSG_SEND, 1),
+              "RDMA_READ": (MSG_READ_REQ, 0), "ATOMIC_CMP_AND_SWP": (MSG_CMP_SWAP, 0),
+              "ATOMIC_FETCH_AND_ADD": (MSG_FETCH_ADD, 0)}
+WC_OPCODE = {MSG_WRITE: "RDMA_WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "RDMA_READ",
+             MSG_CMP_SWAP: "COMP_SWAP", MSG_FETCH_ADD: "FETCH_ADD"}
+NAK_STATUS = {0x61: WcStatus.REM_INV_REQ_ERR, 0x62: WcStatus.REM_ACCESS_ERR,
+              0x63: WcStatus.REM_OP_ERR}
+SEND_SIGNALED, SEND_INLINE, SEND_SOLICITED = 2, 8, 4       # IBV_SEND_* values
+MAX_INLINE = 256
+WINDOW_PKTS = 1024       # request packets in flight per QP (go-back-N window)
+MAX_MSG = 1 << 31
+DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
+                 "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
+                 "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
+                 "max_msg_sz": MAX_MSG, "max_srq": 0, "atomic_cap": "ATOMIC_HCA",
+                 "max_recv_wr": RQ_DEPTH}
+
+
+def _after(a: int, b: int) -> bool:
+    return 0 < ((a - b) & PSN_MASK) < PSN_HALF
+
+
+def _add(a: int, n: int) -> int:
+    return (a + n) & PSN_MASK
+
+
+def timeout_s(code: int) -> float | None:
+    """Local ACK timeout 4.096 us * 2^code (RESP-8); 0 = infinite."""
+    return None if code == 0 else 4.096e-6 * (1 << code)
+
+
+def rnr_timer_s(code: int) -> float:
+    table = (655.36, .01, .02, .03, .04, .06, .08, .12, .16, .24, .32, .48, .64, .96, 1.28, 1.92,
+             2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88,
+             163.84, 245.76, 327.68, 491.52)
+    return table[code & 31] / 1000
+
+
+@dataclass
+class Cq:
+    handle: int
+    owner: object
+    depth: int
+    wcs: list = field(default_factory=list)
+
+
+@dataclass
+class SendWqe:
+    wr_id: int
+    kind: int
+    signaled: bool
+    msg: object            # cffi struct mr_roce_msg
+    data: object           # cffi pointer to the payload (or NULL)
+    keep: object           # what keeps an inline / gathered payload alive
+    npkts: int
+    local: tuple | None = None   # READ / atomic destination: (lkey, addr, length)
+    first_psn: int = 0
+    rd_idx: int = -1
+    done: bool = False
+    status: int = 0
+
+    @property
+    def last_psn(self) -> int:
+        return _add(self.first_psn, self.npkts - 1)
+
+
+class Qp:
+    def __init__(self, qpn: int, owner, pd: int, send_cq: Cq, recv_cq: Cq, cap: dict):
+        self.qpn, self.owner, self.pd = qpn, owner, pd
+        self.send_cq, self.recv_cq = send_cq, recv_cq
+        self.max_send_wr = int(cap.get("max_send_wr", 1024))
+        self.max_recv_wr = min(int(cap.get("max_recv_wr", RQ_DEPTH)), RQ_DEPTH)
+        self.state = "INIT"
+        self.sq_psn = secrets.randbits(24)      # unpredictable initial PSN (SEC)
+        self.remote: dict = {}
+        self.flow = None
+        self.pmtu = 1024
+        self.pending: deque[SendWqe] = deque()  # posted, no PSN yet
+        self.sq: deque[SendWqe] = deque()       # PSNs assigned, not completed (posting order)
+        self.cursor = (0, 0)                    # next (index in sq, packet) to transmit
+        self.next_psn = self.sq_psn
+        self.una = self.sq_psn
+        self.rd_next = 0                        # READ/ATOMIC slots used
+        self.rd_open = 0                        # of them outstanding
+        self.retry_cnt = self.rnr_retry = 7
+        self.retries_left = self.rnr_left = 7
+        self.timeout = None
+        self.deadline = None                    # retransmission timer
+        self.hold_until = 0.0                   # RNR wait
+        self.rq_tail = 0
+        self.rq_done = 0
+        self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
+                      "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
+                      "cnp_received": 0}
+
+    @property
+    def in_flight_pkts(self) -> int:
+        return (self.next_psn - self.una) & PSN_MASK if self.sq else 0
+
+
+class Device:
+    """PDs, MRs, CQs and QPs of every connection of one daemon, and the worker that moves
+    their work requests."""
+
+    def __init__(self, rx: RxPath, ifindex: int, mode: str):
+        self.rx, self.ifindex, self.mode = rx, ifindex, mode
+        mod = _lib()
+        self.ffi, self.c = mod.ffi, mod.lib
+        self.xsk = XskSocket(ifindex)
+        err = self.ffi.new("int *")
+        self.ring = self.c.mr_evring_open(rx.events_fd, err)
+        if self.ring == self.ffi.NULL:
+            raise MetaroceError(f"event ring: {os.strerror(err[0])}")
+        self._evp = self.ffi.new("struct mr_nic_event **")
+        self.mrs: dict[int, tuple[MemoryRegion, object, object]] = {}   # key -> (mr, owner, ptr)
+        self.pds: dict[int, object] = {}
+        self.cqs: dict[int, Cq] = {}
+        self.qps: dict[int, Qp] = {}
+        self.responses: deque = deque()          # READ responses to send: (qp, msg, ptr, next)
+        self._next_handle = 1
+        self.dirty_cqs: set[int] = set()
+
+    # ---- resources ---------------------------------------------------------------------
+
+    def _handle(self) -> int:
+        self._next_handle += 1
+        return self._next_handle
+
+    def alloc_pd(self, owner) -> int:
+        h = self._handle()
+        self.pds[h] = owner
+        return h
+
+    def _own_pd(self, owner, pd: int) -> None:
+        if self.pds.get(pd) is not owner:
+            raise MetaroceError(f"no protection domain {pd}")
+
+    def reg_mr(self, owner, pd: int, length: int, access: int) -> MemoryRegion:
+        self._own_pd(owner, pd)
+        if not 0 < length <= DEVICE_LIMITS["max_mr_size"]:
+            raise MetaroceError(f"MR length must be 1 .. {DEVICE_LIMITS['max_mr_size']} bytes")
+        if access & (ACCESS_REMOTE_ATOMIC | 2) and not access & ACCESS_LOCAL_WRITE:
+            raise MetaroceError("remote write or atomic access needs local write (as in verbs)")
+        mr = self.rx.reg_mr(length, pd, access)
+        self.mrs[mr.rkey] = (mr, owner, self.ffi.from_buffer(mr._mm))
+        return mr
+
+    def dereg_mr(self, owner, key: int) -> None:
+        ent = self.mrs.get(key)
+        if ent is None or ent[1] is not owner:
+            raise MetaroceError(f"no memory region with key 0x{key:08x}")
+        del self.mrs[key]
+        self.rx.dereg_mr(ent[0])
+
+    def create_cq(self, owner, depth: int) -> int:
+        h = self._handle()
+        self.cqs[h] = Cq(h, owner, depth)
+        return h
+
+    def _own_cq(self, owner, h: int) -> Cq:
+        cq = self.cqs.get(h)
+        if cq is None or cq.owner is not owner:
+            raise MetaroceError(f"no completion queue {h}")
+        return cq
+
+    def create_qp(self, owner, pd: int, send_cq: int, recv_cq: int, cap: dict) -> Qp:
+        self._own_pd(owner, pd)
+        scq, rcq = self._own_cq(owner, send_cq), self._own_cq(owner, recv_cq)
+        if len(self.qps) >= DEVICE_LIMITS["max_qp"]:
+            raise MetaroceError(f"too many QPs (max_qp {DEVICE_LIMITS['max_qp']})")
+        qpn = secrets.randbits(24)
+        while qpn in self.qps or qpn < 2:
+            qpn = secrets.randbits(24)
+        qp = Qp(qpn, owner, pd, scq, rcq, cap)
+        self.qps[qpn] = qp
+        return qp
+
+    def own_qp(self, owner, qpn: int) -> Qp:
+        qp = self.qps.get(qpn)
+        if qp is None or qp.owner is not owner:
+            raise MetaroceError(f"no QP 0x{qpn:06x}")
+        return qp
+
+    def qp_attrs(self, qp: Qp) -> dict:
+        addrs = neigh.local_addresses(self.ifindex)
+        return {"qpn": qp.qpn, "psn": qp.sq_psn, "gid": addrs[0] if addrs else None,
+                "addrs": addrs, "mtu": qp.pmtu, "state": qp.state, "mode": self.mode}
+
+    def connect_qp(self, qp: Qp, remote: dict, attr: dict) -> dict:
+        """RTR + RTS from the peer's attributes (qpn, psn, ip; mtu optional)."""
+        if qp.state not in ("INIT", "RESET"):
+            raise MetaroceError(f"QP 0x{qp.qpn:06x} is {qp.state}, not INIT")
+        try:
+            rqpn, rpsn, rip = int(remote["qpn"]), int(remote["psn"]), str(remote["ip"])
+        except (KeyError, TypeError, ValueError):
+            raise MetaroceError("remote attributes need qpn, psn and ip") from None
+        if not (0 < rqpn <= PSN_MASK and 0 <= rpsn <= PSN_MASK):
+            raise MetaroceError("remote qpn/psn must be 24-bit")
+        pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)), self.max_pmtu())
+        if pmtu not in (256, 512, 1024, 2048, 4096):
+            raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)")
+        path = neigh.resolve(rip, self.ifindex)
+        qp.pmtu = pmtu
+        qp.retry_cnt = qp.retries_left = int(attr.get("retry_cnt", 7)) & 7
+        qp.rnr_retry = qp.rnr_left = int(attr.get("rnr_retry", 7)) & 7
+        qp.timeout = timeout_s(int(attr.get("timeout", 14)))
+        import ipaddress  # noqa: PLC0415
+        peer = ipaddress.ip_address(rip).packed
+        qp.flow = self.xsk.flow(dmac=path.dmac, smac=path.smac, src_ip=path.src_ip, dst_ip=rip,
+                                dqpn=rqpn, sport=0xC000 | (qp.qpn & 0x3FFF))
+        qp.remote = {"qpn": rqpn, "psn": rpsn, "ip": rip, "mac": path.dmac, "mtu": pmtu}
+        self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
+                       rnr_timer=int(attr.get("min_rnr_timer", 12)))
+        qp.state = "RTS"
+        return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu}
+
+    def max_pmtu(self) -> int:
+        from pyroute2 import IPRoute  # noqa: PLC0415
+        with IPRoute() as ipr:
+            mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
+        room = min(mtu, self.xsk.frame_size) - 14 - 40 - 8 - 12 - 28 - 4 - 3
+        return max(m for m in (256, 512, 1024, 2048, 4096) if m <= room)
+
+    def destroy_qp(self, owner, qpn: int) -> None:
+        qp = self.own_qp(owner, qpn)
+        self._flush(qp, None)
+        self.rx.del_qp(qpn)
+        del self.qps[qpn]
+
+    def release(self, owner) -> None:
+        """A connection went away: reclaim everything it created."""
+        for qpn in [q for q, qp in self.qps.items() if qp.owner is owner]:
+            self.rx.del_qp(qpn)
+            del self.qps[qpn]
+        for key in [k for k, e in self.mrs.items() if e[1] is owner]:
+            self.rx.dereg_mr(self.mrs.pop(key)[0])
+        for h in [h for h, c in self.cqs.items() if c.owner is owner]:
+            del self.cqs[h]
+        for h in [h for h, o in self.pds.items() if o is owner]:
+            del self.pds[h]
+        self.responses = deque(r for r in self.responses if r[0].owner is not owner)
+
+    # ---- work requests -----------------------------------------------------------------
+
+    def _local(self, owner, pd: int, sge, need: int) -> tuple[MemoryRegion, object, int]:
+        try:
+            addr, length, lkey = (int(v) for v in sge)
+        except (TypeError, ValueError):
+            raise MetaroceError("an SGE is [addr, length, lkey]") from None
+        ent = self.mrs.get(lkey)
+        if ent is None or ent[1] is not owner or ent[0].pd != pd:
+            raise MetaroceError(f"lkey 0x{lkey:08x} is not a region of this QP's PD")
+        mr = ent[0]
+        if need and not mr.access & need:
+            raise MetaroceError(f"lkey 0x{lkey:08x} lacks local write access")
+        if length < 0 or addr < mr.addr or addr + length > mr.addr + mr.length:
+            raise MetaroceError(f"SGE [0x{addr:x}, {length}] is outside lkey 0x{lkey:08x}")
+        return mr, ent[2], addr - mr.addr
+
+    def post_send(self, owner, qpn: int, wrs: list) -> None:
+        qp = self.own_qp(owner, qpn)
+        if qp.state != "RTS":
+            raise MetaroceError(f"QP 0x{qpn:06x} is {qp.state}: post_send needs RTS")
+        if len(qp.pending) + len(qp.sq) + len(wrs) > qp.max_send_wr:
+            raise MetaroceError(f"send queue full (max_send_wr {qp.max_send_wr})")
+        built = [self._build_wqe(qp, owner, wr) for wr in wrs]
+        qp.pending.extend(built)
+
+    def _build_wqe(self, qp: Qp, owner, wr: dict) -> SendWqe:
+        try:
+            kind, imm = WR_OPCODES[str(wr["opcode"]).removeprefix("IBV_WR_")]
+        except KeyError:
+            raise MetaroceError(f"unknown work request opcode {wr.get('opcode')!r}") from None
+        flags = int(wr.get("send_flags", SEND_SIGNALED))
+        m = self.ffi.new("struct mr_roce_msg *")
+        m.kind, m.with_imm, m.pmtu = kind, imm, qp.pmtu
+        m.solicited = int(bool(flags & SEND_SOLICITED))
+        m.imm = int(wr.get("imm_data", 0)) & 0xFFFFFFFF
+        sg = wr.get("sg_list", [])
+        keep, data, local = None, self.ffi.NULL, None
+        if kind in (MSG_WRITE, MSG_SEND):
+            if "inline" in wr:
+                raw = base64.b64decode(wr["inline"])
+                if len(raw) > MAX_INLINE:
+                    raise MetaroceError(f"inline data is at most {MAX_INLINE} bytes")
+                keep = self.ffi.new("uint8_t[]", raw or b"\0")
+                data, length = keep, len(raw)
+            elif len(sg) == 1:
+                mr, ptr, off = self._local(owner, qp.pd, sg[0], 0)
+                data, length = ptr + off, int(sg[0][1])
+            else:                            # several SGEs: gathered once at post time
+                parts = []
+                for s in sg:
+                    mr, ptr, off = self._local(owner, qp.pd, s, 0)
+                    parts.append(bytes(mr._mm[off:off + int(s[1])]))
+                raw = b"".join(parts)
+                keep = self.ffi.new("uint8_t[]", raw or b"\0")
+                data, length = keep, len(raw)
+        else:
+            if len(sg) != 1:
+                raise MetaroceError("READ and atomics take exactly one SGE")
+            self._local(owner, qp.pd, sg[0], ACCESS_LOCAL_WRITE)
+            length = int(sg[0][1])
+            if kind != MSG_READ_REQ and length != 8:
+                raise MetaroceError("an atomic's SGE is 8 bytes")
+            local = (int(sg[0][2]), int(sg[0][0]), length)
+        if length > MAX_MSG:
+            raise MetaroceError(f"message longer than max_msg_sz {MAX_MSG}")
+        m.len = length
+        if kind != MSG_SEND:
+            try:
+                m.va, m.rkey = int(wr["remote_addr"]), int(wr["rkey"])
+            except (KeyError, ValueError, TypeError):
+                raise MetaroceError("WRITE, READ and atomics need remote_addr and rkey") from None
+        if kind in (MSG_CMP_SWAP, MSG_FETCH_ADD):
+            if m.va & 7:
+                raise MetaroceError("an atomic's remote_addr must be 8-byte aligned")
+            if kind == MSG_FETCH_ADD:
+                m.swap_add = int(wr.get("compare_add", 0)) & (2**64 - 1)
+            else:
+                m.compare = int(wr.get("compare_add", 0)) & (2**64 - 1)
+                m.swap_add = int(wr.get("swap", 0)) & (2**64 - 1)
+        npkts = self.c.mr_msg_packets(m)
+        if kind == MSG_READ_REQ:
+            npkts = max(1, -(-length // qp.pmtu))       # the PSNs its response takes
+        return SendWqe(int(wr.get("wr_id", 0)), kind, bool(flags & SEND_SIGNALED), m, data, keep,
+                       npkts, local)
+
+    def post_recv(self, owner, qpn: int, wrs: list) -> None:
+        qp = self.own_qp(owner, qpn)
+        if qp.state == "ERR":
+            raise MetaroceError(f"QP 0x{qpn:06x} is in ERR")
+        if qp.rq_tail - qp.rq_done + len(wrs) > qp.max_recv_wr:
+            raise MetaroceError(f"receive queue full (max_recv_wr {qp.max_recv_wr})")
+        for wr in wrs:
+            sg = wr.get("sg_list", [])
+            if len(sg) != 1:
+                raise MetaroceError("a receive takes exactly one SGE here")
+            mr, _, _ = self._local(owner, qp.pd, sg[0], ACCESS_LOCAL_WRITE)
+            self.rx.post_recv(qpn, qp.rq_tail, int(wr.get("wr_id", 0)), int(sg[0][0]),
+                              int(sg[0][2]), int(sg[0][1]))
+            qp.rq_tail += 1
+
+    # ---- completions -------------------------------------------------------------------
+
+    def _wc(self, cq: Cq, wc: dict) -> None:
+        cq.wcs.append(wc)
+        self.dirty_cqs.add(cq.handle)
+
+    def _complete_send(self, qp: Qp, w: SendWqe, status: int) -> None:
+        if w.signaled or status:
+            self._wc(qp.send_cq, {"wr_id": w.wr_id, "status": int(status),
+                                  "opcode": WC_OPCODE[w.kind], "qp_num": qp.qpn,
+                                  "byte_len": int(w.msg.len)})
+
+    def _retire(self, qp: Qp) -> None:
+        """Complete, in posting order, every WQE at the head that is done."""
+        n = 0
+        while qp.sq:
+            w = qp.sq[0]
+            if not w.done and not (w.kind in (MSG_WRITE, MSG_SEND) and _after(qp.una, w.last_psn)):
+                break
+            qp.sq.popleft()
+            n += 1
+            if w.rd_idx >= 0:
+                qp.rd_open -= 1
+            self._complete_send(qp, w, w.status)
+        if n:
+            i, p = qp.cursor
+            qp.cursor = (max(0, i - n), p if i >= n else 0)
+            qp.retries_left = qp.retry_cnt
+            qp.deadline = (time.monotonic() + qp.timeout) if qp.sq and qp.timeout else None
+
+    def _flush(self, qp: Qp, failing: SendWqe | None, status: int = 0) -> None:
+        """ERR: the failing WQE gets its status, every later one (and receives) a flush."""
+        qp.state = "ERR"
+        for w in list(qp.sq) + list(qp.pending):
+            if w is failing:
+                self._complete_send(qp, w, status)
+            else:
+                self._wc(qp.send_cq, {"wr_id": w.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
+                                      "opcode": WC_OPCODE[w.kind], "qp_num": qp.qpn,
+                                      "byte_len": 0})
+        qp.sq.clear()
+        qp.pending.clear()
+        qp.deadline = None
+
+    def _go_back(self, qp: Qp, psn: int) -> None:
+        for i, w in enumerate(qp.sq):
+            d = (psn - w.first_psn) & PSN_MASK
+            if d < w.npkts:
+                pkt = 0 if w.kind != MSG_WRITE and w.kind != MSG_SEND else d
+                if (i, pkt) < qp.cursor:
+                    qp.stats["retransmitted_packets"] += sum(x.npkts for x in list(qp.sq)[i:]) - pkt
+                qp.cursor = (i, pkt)
+                return
+
+    def on_events(self) -> int:
+        n = self.c.mr_evring_poll(self.ring, 0, self._evp)
+        evs = self._evp[0]
+        for i in range(max(n, 0)):
+            e = evs[i]
+            qp = self.qps.get(e.qpn)
+            if qp is None:
+                continue
+            t = e.type
+            if t == EV_ACK:
+                if _after(_add(e.psn, 1), qp.una):       # progress: full retry budget again
+                    qp.una = _add(e.psn, 1)
+                    qp.retries_left = qp.retry_cnt
+                    qp.rnr_left = qp.rnr_retry
+                    if qp.timeout:
+                        qp.deadline = time.monotonic() + qp.timeout
+                self._retire(qp)
+            elif t == EV_RD_DONE:
+                for w in qp.sq:
+                    if w.rd_idx == e.flags:
+                        w.done, w.status = True, (WcStatus.LOC_PROT_ERR if e.syndrome else 0)
+                        break
+                if _after(_add(e.psn, 1), qp.una):
+                    qp.una = _add(e.psn, 1)
+                self._retire(qp)
+            elif t == EV_NAK:
+                self._on_nak(qp, e.psn, e.syndrome)
+            elif t == EV_RD_GAP:
+                qp.stats["packet_seq_err_handled"] += 1
+                self._go_back(qp, e.psn)
+            elif t == EV_READ_REQUEST:
+                self._answer_read(qp, e)
+            elif t in (EV_RECV, EV_RECV_ERR):
+                qp.rq_done += 1
+                wc = {"wr_id": e.wr_id, "qp_num": qp.qpn, "src_qp": qp.remote.get("qpn", 0),
+                      "byte_len": e.len, "opcode": "RECV_RDMA_WITH_IMM" if e.flags & 2 else "RECV",
+                      "status": 0 if t == EV_RECV else int(WcStatus.LOC_LEN_ERR
+                                                            if e.syndrome == 19 else
+                                                            WcStatus.LOC_PROT_ERR)}
+                if e.flags & 1:
+                    wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
+                self._wc(qp.recv_cq, wc)
+            elif t == EV_QP_ERROR:
+                qp.state = "ERR"
+            elif t == EV_CNP:
+                qp.stats["cnp_received"] += 1
+        return n
+
+    def _on_nak(self, qp: Qp, psn: int, syn: int) -> None:
+        if _after(psn, qp.una):
+            qp.una = psn
+        self._retire(qp)
+        if syn >> 5 == 1:                              # RNR NAK: wait, then resend (RESP-6)
+            qp.rnr_left -= qp.rnr_retry != 7
+            if qp.rnr_left < 0:
+                self._flush(qp, qp.sq[0] if qp.sq else None, WcStatus.RNR_RETRY_EXC_ERR)
+                return
+            qp.stats["rnr_nak_retry"] += 1
+            qp.hold_until = time.monotonic() + rnr_timer_s(syn & 31)
+            self._go_back(qp, psn)
+        elif syn == 0x60:                              # sequence error: go back (COMPAT-2)
+            qp.stats["packet_seq_err_handled"] += 1
+            self._go_back(qp, psn)
+        else:                                          # fatal (RESP-5)
+            failing = next((w for w in qp.sq if (psn - w.first_psn) & PSN_MASK < w.npkts), None)
+            self._flush(qp, failing, NAK_STATUS.get(syn, WcStatus.REM_OP_ERR))
+
+    def _answer_read(self, qp: Qp, e) -> None:
+        ent = self.mrs.get(e.rkey)
+        if ent is None or qp.flow is None:
+            return                   # deregistered meanwhile: the requester's retry will fail
+        mr, _, ptr = ent
+        m = self.ffi.new("struct mr_roce_msg *")
+        m.kind, m.pmtu, m.psn0, m.msn, m.len = MSG_READ_RESP, qp.pmtu, e.psn, e.msn, e.len
+        self.responses.append([qp, m, ptr + (e.va - mr.addr) if e.len else self.ffi.NULL, 0])
+
+    # ---- transmit ----------------------------------------------------------------------
+
+    def _assign(self, qp: Qp) -> None:
+        while qp.pending:
+            w = qp.pending[0]
+            if w.kind in (MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD):
+                if qp.rd_open >= RD_DEPTH:
+                    return
+                w.rd_idx = qp.rd_next
+                self.rx.set_rd_slot(qp.qpn, w.rd_idx, wr_id=w.wr_id, addr=w.local[1],
+                                    length=w.local[2], lkey=w.local[0], first_psn=qp.next_psn,
+                                    kind=RD_READ if w.kind == MSG_READ_REQ else RD_ATOMIC)
+                qp.rd_next += 1
+                qp.rd_open += 1
+            qp.pending.popleft()
+            w.first_psn = w.msg.psn0 = qp.next_psn
+            qp.next_psn = _add(qp.next_psn, w.npkts)
+            qp.sq.append(w)
+            self.rx.set_sq_psn(qp.qpn, qp.next_psn)
+
+    def transmit(self) -> int:
+        """One round: READ responses first, then each QP within its window. Returns packets
+        queued plus frames still in the TX ring (0: nothing to do until an event or timer)."""
+        busy = 0
+        now = time.monotonic()
+        while self.responses:
+            r = self.responses[0]
+            nxt = self.ffi.new("uint32_t *", r[3])
+            sent = self.c.mr_send_msg(self.xsk._x, r[0].flow, r[1], r[2], nxt)
+            r[3] = nxt[0]
+            busy += sent
+            if r[3] >= self.c.mr_msg_packets(r[1]):
+                self.responses.popleft()
+            elif not sent:
+                busy += 1
+                break
+        for qp in self.qps.values():
+            if qp.state != "RTS":
+                continue
+            if qp.pending:
+                self._assign(qp)
+            if qp.deadline is not None and now > qp.deadline and qp.sq:
+                qp.stats["local_ack_timeout_err"] += 1
+                qp.retries_left -= 1
+                if qp.retries_left < 0:
+                    self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
+                    continue
+                self._go_back(qp, qp.una)
+                qp.deadline = now + qp.timeout
+            if now < qp.hold_until:
+                continue
+            busy += self._send_qp(qp, now)
+        return busy + self.xsk.in_flight()
+
+    def _send_qp(self, qp: Qp, now: float) -> int:
+        i, pkt = qp.cursor
+        queued = 0
+        nxt = self.ffi.new("uint32_t *")
+        while i < len(qp.sq):
+            w = qp.sq[i]
+            psn = _add(w.first_psn, pkt)
+            if (psn - qp.una) & PSN_MASK >= WINDOW_PKTS and qp.una != w.first_psn:
+                break                                   # window full
+            total = w.npkts if w.kind in (MSG_WRITE, MSG_SEND) else 1
+            nxt[0] = pkt
+            sent = self.c.mr_send_msg(self.xsk._x, qp.flow, w.msg, w.data, nxt)
+            qp.stats["sent_packets"] += sent
+            queued += sent
+            pkt = nxt[0]
+            if pkt >= total:
+                qp.stats["sent_bytes"] += int(w.msg.len) if w.kind in (MSG_WRITE, MSG_SEND) else 0
+                i, pkt = i + 1, 0
+            elif not sent:
+                queued += 1                             # rings full: come back soon
+                break
+        qp.cursor = (i, pkt)
+        if qp.sq and qp.deadline is None and qp.timeout:
+            qp.deadline = now + qp.timeout
+        return queued
+
+    def idle(self) -> bool:
+        return not self.responses and all(not q.sq and not q.pending for q in self.qps.values())
+
+    def next_deadline(self) -> float | None:
+        ds = [q.deadline for q in self.qps.values() if q.deadline] + \
+             [q.hold_until for q in self.qps.values() if q.hold_until > time.monotonic()]
+        return min(ds) if ds else None
+
+    def take_wcs(self) -> list[tuple[Cq, list]]:
+        out = []
+        for h in self.dirty_cqs:
+            cq = self.cqs.get(h)
+            if cq is not None and cq.wcs:
+                out.append((cq, cq.wcs))
+                cq.wcs = []
+        self.dirty_cqs.clear()
+        return out
+
+    def qp_stats(self, qp: Qp) -> dict:
+        st = self.rx.qp_state(qp.qpn) if qp.state in ("RTS", "ERR") else {}
+        out = {"qpn": qp.qpn, "state": qp.state, "mode": self.mode, "remote": qp.remote,
+               "sq_outstanding": len(qp.sq) + len(qp.pending), "window_pkts": qp.in_flight_pkts}
+        out.update({k: st.get(k, 0) for k in QP_COUNTERS})
+        out.update(qp.stats)
+        return out
+
+    def close(self) -> None:
+        self.c.mr_evring_close(self.ring)
+        self.xsk.close()
