@@ -124,7 +124,10 @@ def _run(view) -> dict:
         c2.close()
     finally:
         for dev in started:
-            nicd.stop(dev)
+            try:
+                nicd.stop(dev)
+            except MetaroceError as exc:     # a daemon that died: its log says why
+                log(f"demo: {exc}; see {dev.log_path}")
     verified = TOTAL * (write_ok + read_ok) + SENDS * SEND_BYTES * send_ok + 8 * 101 * atomic_ok
     return {"xdp_mode": st["xdp_mode"], "mode": st["mode"], "bytes_verified": verified,
             "data_ok": write_ok and read_ok and send_ok and atomic_ok,

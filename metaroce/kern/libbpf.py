@@ -114,9 +114,12 @@ def map_update_raw(fd: int, key: bytes, value: bytes) -> None:
     _check(lib().bpf_map_update_elem(fd, k, v, 0), "bpf_map_update_elem")
 
 
-def map_delete_raw(fd: int, key: bytes) -> None:
+def map_delete_raw(fd: int, key: bytes, missing_ok: bool = False) -> None:
     k = ctypes.create_string_buffer(key, len(key))
-    _check(lib().bpf_map_delete_elem(fd, k), "bpf_map_delete_elem")
+    rc = lib().bpf_map_delete_elem(fd, k)
+    if rc == -errno.ENOENT and missing_ok:
+        return
+    _check(rc, "bpf_map_delete_elem")
 
 
 class _TestRunOpts(ctypes.Structure):

@@ -14,7 +14,9 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
@@ -46,6 +48,10 @@ class DeviceId:
     @property
     def pid_path(self) -> str:
         return os.path.join(RUN_DIR, f"{self.tag}.pid")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(RUN_DIR, f"{self.tag}.log")
 
 
 def running_pid(dev: DeviceId) -> int | None:
@@ -300,8 +306,11 @@ def start_background(dev: DeviceId, mode: str = "roce") -> dict:
         os.close(rfd)
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
+        os.makedirs(RUN_DIR, exist_ok=True)
+        log = os.open(dev.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(log, 2)                 # a crash's traceback lands in the device's log
         try:
             dm = Daemon(dev, mode)
         except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
@@ -309,10 +318,15 @@ def start_background(dev: DeviceId, mode: str = "roce") -> dict:
             os._exit(1)
         os.write(wfd, b"ok")
         os.close(wfd)
+        code = 0
         try:
             dm.serve_forever()
+        except BaseException:  # noqa: BLE001 (the log keeps the traceback)
+            traceback.print_exc()
+            code = 1
         finally:
-            os._exit(0)
+            sys.stderr.flush()
+            os._exit(code)
     os.close(wfd)
     answer = os.read(rfd, 4096).decode() or "error: the daemon died while starting"
     os.close(rfd)

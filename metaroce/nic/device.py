@@ -178,6 +178,10 @@ class Device:
         if ent is None or ent[1] is not owner:
             raise MetaroceError(f"no memory region with key 0x{key:08x}")
         del self.mrs[key]
+        self._dereg(ent)
+
+    def _dereg(self, ent) -> None:
+        self.ffi.release(ent[2])        # the C view of the memory first, then the kernel's
         self.rx.dereg_mr(ent[0])
 
     def create_cq(self, owner, depth: int) -> int:
@@ -261,7 +265,7 @@ class Device:
             self.rx.del_qp(qpn)
             del self.qps[qpn]
         for key in [k for k, e in self.mrs.items() if e[1] is owner]:
-            self.rx.dereg_mr(self.mrs.pop(key)[0])
+            self._dereg(self.mrs.pop(key))
         for h in [h for h, c in self.cqs.items() if c.owner is owner]:
             del self.cqs[h]
         for h in [h for h, o in self.pds.items() if o is owner]:
@@ -606,5 +610,7 @@ class Device:
         return out
 
     def close(self) -> None:
+        for key in list(self.mrs):
+            self._dereg(self.mrs.pop(key))
         self.c.mr_evring_close(self.ring)
         self.xsk.close()

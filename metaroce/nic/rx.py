@@ -109,11 +109,10 @@ class RxPath:
     def del_qp(self, qpn: int) -> None:
         key = struct.pack("=I", qpn)
         for fd in (self._qps_fd, self._sq_fd):
-            libbpf.map_delete_raw(fd, key)
-        for slot in range(RQ_DEPTH):
-            libbpf.map_delete_raw(self._rq_fd, struct.pack("=Q", qpn << 32 | slot))
-        for slot in range(RD_DEPTH):
-            libbpf.map_delete_raw(self._rd_fd, struct.pack("=Q", qpn << 32 | slot))
+            libbpf.map_delete_raw(fd, key, missing_ok=True)
+        for fd, depth in ((self._rq_fd, RQ_DEPTH), (self._rd_fd, RD_DEPTH)):
+            for slot in range(depth):          # slots never used were never created
+                libbpf.map_delete_raw(fd, struct.pack("=Q", qpn << 32 | slot), missing_ok=True)
 
     def post_recv(self, qpn: int, seq: int, wr_id: int, addr: int, lkey: int, length: int) -> None:
         """Receive WQE number seq of the QP (the caller keeps seq - rq_head < RQ_DEPTH)."""

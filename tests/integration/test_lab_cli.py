@@ -62,5 +62,10 @@ def test_demo_json():
     doc = json.loads(p.stdout)          # exactly one JSON document; the progress bar is on stderr
     assert doc["ok"] is True and p.returncode == 0, p.stderr
     assert doc["xdp_mode"] == "native" and doc["mode"] == "roce"
-    assert doc["bytes_verified"] == 64 << 20 and doc["write_bw_bps"] > 0
-    assert doc["counters"]["placed"] == (64 << 20) // 1024 and doc["nic_detached_after_down"]
+    assert doc["write_ok"] and doc["read_ok"] and doc["send_ok"] and doc["atomic_ok"]
+    # 256 MiB written and read back, 64 SENDs of 64 KiB, 101 atomics of 8 bytes
+    assert doc["bytes_verified"] == 2 * (256 << 20) + 64 * 65536 + 8 * 101
+    assert doc["write_bw_bps"] > 0 and doc["read_bw_bps"] > 0
+    h1, h2 = doc["counters"]["h1"], doc["counters"]["h2"]
+    assert h2["read_request"] == 256 and h2["atomic"] == h2["tx_atomic_ack"] == 101
+    assert h1["bad_icrc"] == h2["bad_icrc"] == 0 and doc["nic_detached_after_down"]
