@@ -79,3 +79,26 @@ def status(dev, netns, as_json):
         click.echo(f"  {k:<20} {v}")
 
 
+
+
+@click.command()
+@dev_option
+@netns_option
+@click.option("--qp", "qpn", type=int, default=None, help="Only this QP (number).")
+@click.option("--nonzero", is_flag=True, help="Leave out counters that are zero.")
+@json_option
+def stats(dev, netns, qpn, nonzero, as_json):
+    """Device and QP counters in rdma-core's names (`rdma statistic show` style)."""
+    from ..nic import daemon as d  # noqa: PLC0415
+    from ..nic.stats import device_stats, format_stats  # noqa: PLC0415
+    require_root("metaroce stats")
+    st = device_stats(d.request(_dev(dev, netns), {"op": "status"})[0])
+    if qpn is not None:
+        st["qps"] = [q for q in st["qps"] if q["qpn"] == qpn]
+        if not st["qps"]:
+            raise MetaroceError(f"no QP {qpn} (0x{qpn:06x}) on {dev}")
+    if as_json:
+        emit_json({"dev": dev, "port": 1, "netns": netns, **st})
+        return
+    for line in format_stats(dev, st, show_zero=not nonzero):
+        click.echo(line)

@@ -26,6 +26,7 @@ from ..kern import libbpf
 from pyroute2 import netns as _netns
 
 from .device import DEVICE_LIMITS, Device
+from .endpoints import Endpoints
 from .rx import RxPath
 
 RUN_DIR = os.environ.get("METAROCE_RUN_DIR", "/run/metaroce/nic")
@@ -126,6 +127,7 @@ class Daemon:
         with open(dev.pid_path, "w") as f:
             f.write(str(os.getpid()))
         self._stop = False
+        self.persistent = Endpoints()
 
     def status(self) -> dict:
         return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
@@ -136,10 +138,22 @@ class Daemon:
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
 
     def _op(self, conn, req: dict) -> tuple[dict, list[int]]:
-        """One request of connection conn; returns the reply and fds to pass."""
+        """One request of connection conn; returns the reply and fds to pass. A request with
+        "persistent": true acts for the daemon's own owner: what it creates outlives the
+        connection (the `metaroce qp` endpoints) until it is destroyed explicitly."""
         d, op = self.device, req.get("op")
+        if req.get("persistent"):
+            conn = self.persistent
         if op == "status":
             return self.status(), []
+        if op == "create_endpoint":
+            return self.persistent.create(d, int(req.get("mr_bytes", 1 << 20)),
+                                          int(req.get("access", 15)), dict(req.get("cap", {})))
+        if op == "destroy_endpoint":
+            self.persistent.destroy(d, int(req["qpn"]))
+            return {"ok": True}, []
+        if op == "list_endpoints":
+            return {"endpoints": self.persistent.describe(d)}, []
         if op == "query_device":
             return {"limits": DEVICE_LIMITS, "mode": self.mode, "xdp_mode": self.xdp_mode,
                     "max_pmtu": d.max_pmtu(), "node_guid": f"{self.ifindex:016x}"}, []
@@ -249,7 +263,10 @@ class Daemon:
                 busy = dev.transmit()
                 dev.on_events()
                 for cq, wcs in dev.take_wcs():
-                    self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+                    if cq.owner is self.persistent:
+                        self.persistent.completed(cq.handle, wcs)
+                    else:
+                        self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
         finally:
             self.close()
 

@@ -119,6 +119,7 @@ class Qp:
         self.rq_done = 0
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
+                      "read_response_packets": 0,
                       "cnp_received": 0}
 
     @property
@@ -216,7 +217,8 @@ class Device:
     def qp_attrs(self, qp: Qp) -> dict:
         addrs = neigh.local_addresses(self.ifindex)
         return {"qpn": qp.qpn, "psn": qp.sq_psn, "gid": addrs[0] if addrs else None,
-                "addrs": addrs, "mtu": qp.pmtu, "state": qp.state, "mode": self.mode}
+                "addrs": addrs, "mac": neigh.local_mac(self.ifindex), "mtu": qp.pmtu,
+                "state": qp.state, "mode": self.mode}
 
     def connect_qp(self, qp: Qp, remote: dict, attr: dict) -> dict:
         """RTR + RTS from the peer's attributes (qpn, psn, ip; mtu optional)."""
@@ -258,6 +260,21 @@ class Device:
         self._flush(qp, None)
         self.rx.del_qp(qpn)
         del self.qps[qpn]
+
+    def release_pd(self, owner, pd: int) -> None:
+        """Free a PD with what owner registered in it (its QPs must be gone)."""
+        self._own_pd(owner, pd)
+        if any(q.pd == pd and q.owner is owner for q in self.qps.values()):
+            raise MetaroceError(f"protection domain {pd} still has QPs")
+        for key in [k for k, e in self.mrs.items() if e[1] is owner and e[0].pd == pd]:
+            self._dereg(self.mrs.pop(key))
+        del self.pds[pd]
+
+    def destroy_cq(self, owner, h: int) -> None:
+        cq = self._own_cq(owner, h)
+        if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
+            raise MetaroceError(f"completion queue {h} is still used by a QP")
+        del self.cqs[h]
 
     def release(self, owner) -> None:
         """A connection went away: reclaim everything it created."""
@@ -534,7 +551,10 @@ class Device:
             sent = self.c.mr_send_msg(self.xsk._x, r[0].flow, r[1], r[2], nxt)
             r[3] = nxt[0]
             busy += sent
+            r[0].stats["sent_packets"] += sent
+            r[0].stats["read_response_packets"] += sent
             if r[3] >= self.c.mr_msg_packets(r[1]):
+                r[0].stats["sent_bytes"] += int(r[1].len)
                 self.responses.popleft()
             elif not sent:
                 busy += 1

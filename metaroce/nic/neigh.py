@@ -81,3 +81,8 @@ def local_addresses(ifindex: int) -> list[str]:
     with IPRoute() as ipr:
         return [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=ifindex)
                 if not str(a.get_attr("IFA_ADDRESS")).startswith("fe80")]
+
+
+def local_mac(ifindex: int) -> str:
+    with IPRoute() as ipr:
+        return ipr.link("get", index=ifindex)[0].get_attr("IFLA_ADDRESS")
