@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "up": "metaroce.cli.nic:up",
     "down": "metaroce.cli.nic:down",
     "status": "metaroce.cli.nic:status",
+    "stats": "metaroce.cli.nic:stats",
+    "qp": "metaroce.cli.qp:qp",
 }
 
 
