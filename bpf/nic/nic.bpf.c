@@ -307,6 +307,7 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
         if (!w) {
             set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn,
                       TX_NAK_RNR);
+            qp->nak_sent = 1;        /* as for SEND (RESP-6) */
             return RX_RNR;
         }
     }
@@ -314,7 +315,8 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
         /* a zero-length WRITE touches no memory and needs no valid R_Key */
     } else {
         u64 off;
-        u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_WRITE, va, len, &off);
+        /* the first packet validates the whole DMA range (RESP-5), later ones their bytes */
+        u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_WRITE, va, has_reth ? left : len, &off);
         if (why)
             return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
         if (place(ctx, rkey, off, rp->bth_off + hdrs, len))
@@ -359,6 +361,7 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         if (!first)
             return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
         set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn, TX_NAK_RNR);
+        qp->nak_sent = 1;            /* the gap behind an RNR NAK is not NAKed again (RESP-6) */
         return RX_RNR;
     }
     if (first)
