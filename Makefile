@@ -3,7 +3,7 @@ VENV   ?= $(CURDIR)/.venv
 PY     := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-unit test-integration bench clean
+.PHONY: setup demo test test-unit test-integration bench clean fuzz
 
 setup:
 	@bash tools/setup.sh
@@ -19,6 +19,9 @@ test-unit: setup
 
 test-integration: setup
 	$(PYTEST) -q tests/integration
+
+fuzz: setup
+	$(VENV)/bin/metaroce fuzz --packets 1000000
 
 clean:
 	-$(VENV)/bin/metaroce lab down --all 2>/dev/null

@@ -1,0 +1,118 @@
+"""The fast-path fuzzer: random and mutated packets through the real XDP program with
+BPF_PROG_TEST_RUN. A modest run must keep every invariant and reach every deep check; runs with a
+deliberate fault (a guard byte written, a byte of a read-only region written, a count lost or
+doubled) must be reported, so the checks are known to fire; the CLI keeps its contract."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (BPF): run sudo make test")
+
+PACKETS = 150_000
+
+
+@pytest.fixture(scope="module")
+def fuzzer():
+    from metaroce.fuzz.harness import load_fuzzer
+    fz = load_fuzzer(seed=11)
+    yield fz
+    fz.close()
+
+
+def test_fuzz_keeps_every_invariant_and_reaches_every_deep_check(fuzzer):
+    from metaroce.fuzz.harness import DEEP_REASONS
+    rep = fuzzer.run(PACKETS)
+    assert rep["failures"] == [] and rep["ok"], rep["failures"]
+    assert rep["packets"] == PACKETS
+    assert rep["accepted"] + rep["passed"] + rep["tx"] + rep["dropped"] == PACKETS
+    assert rep["unaccounted"] == rep["out_of_region_writes"] == rep["guard_bytes_changed"] == 0
+    assert rep["crashes"] == rep["bad_retval"] == rep["bad_replies"] == rep["pass_modified"] == 0
+    assert sum(rep["drops_by_reason"].values()) == rep["dropped"]
+    assert sum(rep["tx_by_reason"].values()) == rep["tx"]
+    assert rep["final_write_ok"]
+    # every deep check reached many times, not once by luck
+    assert rep["deep_reasons_missing"] == []
+    assert set(rep["deep_reasons"]) == set(DEEP_REASONS)
+    few = {r: n for r, n in rep["deep_reasons"].items() if n < 20}
+    assert not few, f"deep checks hardly reached: {few}"
+    # every kind of accepted work happened: placement, atomics, READ requests, ACKs consumed
+    for r in ("placed", "atomic", "read_request", "ack"):
+        assert rep["accepted_by_reason"].get(r, 0) > 20, rep["accepted_by_reason"]
+    assert rep["replies"].get("ack", 0) > 0 and rep["replies"].get("nak_seq", 0) > 0
+
+
+@pytest.mark.parametrize("fault, field", [("guard", "guard_bytes_changed"),
+                                          ("region", "out_of_region_writes"),
+                                          ("lose_count", "unaccounted"),
+                                          ("extra_count", "double_counted")])
+def test_the_checks_fire_on_a_deliberate_fault(fuzzer, fault, field):
+    rep = fuzzer.run(3000, faults={1234: fault})
+    assert not rep["ok"] and rep["violations"] >= 1, rep
+    assert rep[field] >= 1, (fault, rep["failures"])
+    assert rep["failures"]
+    # and the fuzzer is whole again afterwards: a clean run passes
+    clean = fuzzer.run(1000)
+    assert clean["ok"], clean["failures"]
+
+
+def test_the_final_write_check_fires_when_placement_stops(fuzzer):
+    """Without the region's rkey in the program's MR map nothing is placed: the closing valid
+    WRITE must be reported as not placed."""
+    from metaroce.kern import libbpf
+    import struct
+    g = fuzzer.regions[0]
+    key = struct.pack("=I", g.rkey)
+    mrs_fd = fuzzer.rx.bpf[b"mrs"].map_fd
+    saved = fuzzer.rx.mrs[g.rkey].fd
+    libbpf.map_delete_raw(mrs_fd, key)
+    try:
+        rep = fuzzer.run(500)
+    finally:
+        libbpf.map_update_raw(mrs_fd, key, struct.pack("=I", saved))
+    assert not rep["final_write_ok"] and not rep["ok"]
+    assert fuzzer.run(500)["ok"]
+
+
+METAROCE = [sys.executable, "-m", "metaroce.cli"]
+ENV = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+
+
+def cli(*args, user=None):
+    cmd = METAROCE + list(args)
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] + cmd
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def test_cli_json_is_one_document_with_the_contract_fields():
+    p = cli("fuzz", "--packets", "4000", "--seed", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)                       # exactly one JSON document
+    assert p.stdout.count("\n") == 1
+    for k in ("packets", "accepted", "passed", "tx", "dropped", "drops_by_reason", "unaccounted",
+              "out_of_region_writes", "crashes"):
+        assert k in doc, k
+    assert doc["packets"] == 4000 and doc["ok"] is True
+    assert doc["packets"] == (doc["accepted"] + doc["passed"] + doc["tx"] + doc["dropped"] +
+                              doc["unaccounted"])
+
+
+@pytest.mark.parametrize("args", [("--packets", "0"), ("--packets", "many"), ("--bogus",),
+                                  ("--wire",)])
+def test_cli_bad_arguments_are_one_line_and_non_zero(args):
+    p = cli("fuzz", *args)
+    assert p.returncode != 0 and p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1 and "error" in p.stderr
+    pj = cli("fuzz", *args, "--json")
+    assert pj.returncode != 0 and "error" in json.loads(pj.stdout)
+
+
+def test_cli_without_root_says_sudo():
+    p = cli("fuzz", "--packets", "10", user="65534")
+    assert p.returncode != 0
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sudo" in lines[0], p.stderr
