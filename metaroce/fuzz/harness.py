@@ -77,7 +77,7 @@ RD_AHEAD = 4
 SQ_SPAN = 200               # PSNs "in flight" on each requester
 BATCH = 512                 # packets between memory checks, QP resyncs and refills
 FATAL_TX = ("nak_inv_req", "nak_rem_access", "nak_rem_op")
-FAULTS = ("guard", "region", "lose_count", "extra_count")
+FAULTS = ("guard", "region", "lose_count", "extra_count", "bad_reply", "pass_modified")
 
 
 def _pattern(idx: int, n: int, guard: bool = False) -> bytes:
@@ -415,6 +415,7 @@ class FastPathFuzzer:
             rng = range(nr)
             lazy_qp = QPS[-1][0]                # left in ERR for a while after a fatal NAK
             lazy_errors = 0
+            corrupt = None                      # fault injection: damage the next such output
             qp_error = reasons.index("qp_error")
             resync_ops = frozenset(RESPONSE_OPS) | {C.Opcode.RC_RDMA_READ_REQUEST}
             resp_reasons = frozenset(reasons.index(r) for r in ("mr_bounds", "mr_access",
@@ -467,14 +468,18 @@ class FastPathFuzzer:
                         tx_by[i] += tx_now[i] - tx_prev[i]
                         fatal = fatal or i in fatal_tx
                     tx_prev = tx_now
-                    if not icrc_valid(output()):
+                    out = output()
+                    if corrupt == XDP_TX:             # fault injection: a damaged reply
+                        out, corrupt = _flip(out), None
+                    if not icrc_valid(out):
                         st["bad_replies"] += 1
-                        self._fail(st, f"reply with a bad ICRC: {output().hex()[:160]}")
+                        self._fail(st, f"reply with a bad ICRC: {out.hex()[:160]}")
                 elif rc == XDP_PASS:
                     if reason != not_roce:
                         st["pass_mismatch"] += 1
                         self._fail(st, f"XDP_PASS counted as {reasons[reason]}")
-                    elif output() != frame:
+                    elif (_flip(output()) if corrupt == XDP_PASS else output()) != frame:
+                        corrupt = None
                         st["pass_modified"] += 1
                         self._fail(st, "a frame that is not RoCE was changed on its way to the stack")
                 elif rc != XDP_DROP:
@@ -518,7 +523,11 @@ class FastPathFuzzer:
                             elif b[1] in RESPONSE_OPS:       # a failed response ends its slot
                                 self._resync(b[2])
                 if faults and done in faults:
-                    self._inject(faults.pop(done), reason)
+                    kind = faults.pop(done)
+                    if kind in ("bad_reply", "pass_modified"):   # the next reply / passed frame
+                        corrupt = XDP_TX if kind == "bad_reply" else XDP_PASS
+                    else:
+                        self._inject(kind, reason)
                 if done >= next_check:
                     next_check = min(next_check + self.batch, packets)
                     self._check_memory(allowed, st)
@@ -633,6 +642,10 @@ class FastPathFuzzer:
         self.maps = []
         if self.own_rx:
             self.rx.close()
+
+
+def _flip(b: bytes) -> bytes:
+    return b[:-1] + bytes([b[-1] ^ 0x01]) if b else b"\x01"
 
 
 def _desc(d: dict) -> dict:

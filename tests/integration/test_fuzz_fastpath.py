@@ -1,7 +1,7 @@
 """The fast-path fuzzer: random and mutated packets through the real XDP program with
 BPF_PROG_TEST_RUN. A modest run must keep every invariant and reach every deep check; runs with a
 deliberate fault (a guard byte written, a byte of a read-only region written, a count lost or
-doubled) must be reported, so the checks are known to fire; the CLI keeps its contract."""
+doubled, a reply or a passed frame damaged) must be reported, so the checks are known to fire; the CLI keeps its contract."""
 
 import json
 import os
@@ -48,7 +48,9 @@ def test_fuzz_keeps_every_invariant_and_reaches_every_deep_check(fuzzer):
 @pytest.mark.parametrize("fault, field", [("guard", "guard_bytes_changed"),
                                           ("region", "out_of_region_writes"),
                                           ("lose_count", "unaccounted"),
-                                          ("extra_count", "double_counted")])
+                                          ("extra_count", "double_counted"),
+                                          ("bad_reply", "bad_replies"),
+                                          ("pass_modified", "pass_modified")])
 def test_the_checks_fire_on_a_deliberate_fault(fuzzer, fault, field):
     rep = fuzzer.run(3000, faults={1234: fault})
     assert not rep["ok"] and rep["violations"] >= 1, rep
