@@ -58,8 +58,9 @@ def _print(rep: dict) -> None:
     for k, v in rep["tx_by_reason"].items():
         click.echo(f"  {k:<20} {v:>12,}")
     missing = rep["deep_reasons_missing"]
-    click.echo(f"deep checks reached: {len(rep['deep_reasons']) - len(missing)}/"
-               f"{len(rep['deep_reasons'])}" + (f" (missing: {', '.join(missing)})" if missing else ""))
+    n = len(rep["deep_reasons"])
+    click.echo(f"deep checks reached: {n - len(missing)}/{n}" +
+               (f" (missing: {', '.join(missing)})" if missing else ""))
     click.echo(f"final valid WRITE placed: {'yes' if rep['final_write_ok'] else 'NO'}")
     for f in rep["failures"]:
         click.echo(f"FAIL {f}")

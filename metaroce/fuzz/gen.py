@@ -34,7 +34,8 @@ ATOMIC_OPS = (O.RC_COMPARE_SWAP, O.RC_FETCH_ADD, O.MR_COMPARE_SWAP, O.MR_FETCH_A
 # opcodes whose RETH (if any) names where the payload goes; MetaRoCE ones carry it in every packet
 RETH_WRITE_OPS = frozenset(op for op in OPCODES if "RDMA_WRITE" in C.OPCODE_NAMES[op] and
                            "RETH" in F.header_offsets(op))
-CONT_WRITE_OPS = frozenset(op for op in OPCODES if "RDMA_WRITE" in C.OPCODE_NAMES[op]) - RETH_WRITE_OPS
+CONT_WRITE_OPS = (frozenset(op for op in OPCODES if "RDMA_WRITE" in C.OPCODE_NAMES[op])
+                  - RETH_WRITE_OPS)
 
 
 @dataclass
@@ -280,7 +281,8 @@ class Generator:
         """Valid rkey and PSN, lengths and offsets that lie near region edges."""
         r = self.rng
         qp = self._qp()
-        op = r.choice((O.RC_RDMA_WRITE_ONLY, O.RC_RDMA_WRITE_ONLY, O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        op = r.choice((O.RC_RDMA_WRITE_ONLY, O.RC_RDMA_WRITE_ONLY,
+                       O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
                        O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_READ_REQUEST, O.RC_COMPARE_SWAP,
                        O.RC_FETCH_ADD))
         length = r.choice((0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 1000,

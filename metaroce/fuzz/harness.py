@@ -63,7 +63,8 @@ QPS = ((0x000011, 1, 100, 0x000101, None), (0x000012, 2, 0xFFFFF0, 0x000102, Non
 # receive buffers (region index, offset, length), used in turn by each QP's receive WQEs:
 # good ones, one straddling a chunk edge, one running past its region, one in a region without
 # local-write access, one in another PD's region
-RECV_BUFS = {0x000011: ((0, 0x20000, 3000), (0, MR_CHUNK - 700, 2000), (0, 3 * MR_CHUNK + 600, 1000)),
+RECV_BUFS = {0x000011: ((0, 0x20000, 3000), (0, MR_CHUNK - 700, 2000),
+                        (0, 3 * MR_CHUNK + 600, 1000)),
              0x000012: ((6, 100, 1500), (3, 0, 1000), (6, 2 * MR_CHUNK - 600, 2000)),
              0x000013: ((0, 0x28000, 600), (2, 0, 1000), (6, 0, 1000))}   # 0x14: none (RNR)
 RQ_AHEAD = 4                # receive WQEs kept posted per QP
@@ -117,7 +118,8 @@ class _Runner:
 
 
 class _BatchOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64)]
 
 
 class _Counters:
@@ -481,7 +483,8 @@ class FastPathFuzzer:
                     elif (_flip(output()) if corrupt == XDP_PASS else output()) != frame:
                         corrupt = None
                         st["pass_modified"] += 1
-                        self._fail(st, "a frame that is not RoCE was changed on its way to the stack")
+                        self._fail(st, "a frame that is not RoCE was changed on its way to "
+                                       "the stack")
                 elif rc != XDP_DROP:
                     st["bad_retval"] += 1
                     self._fail(st, f"return code {rc} ({reasons[reason]}) on {frame.hex()[:120]}")

@@ -1,7 +1,8 @@
 """The fast-path fuzzer: random and mutated packets through the real XDP program with
 BPF_PROG_TEST_RUN. A modest run must keep every invariant and reach every deep check; runs with a
 deliberate fault (a guard byte written, a byte of a read-only region written, a count lost or
-doubled, a reply or a passed frame damaged) must be reported, so the checks are known to fire; the CLI keeps its contract."""
+doubled, a reply or a passed frame damaged) must be reported, so the checks are known to fire;
+the CLI keeps its contract."""
 
 import json
 import os
