@@ -20,6 +20,7 @@ struct plan {
     __u32 txc;        /* tx counter to bump */
     __u32 pad;
     __u64 orig;
+    struct reply_ext x;   /* MetaRoCE: SACK / MR atomic ACK fields */
 };
 
 static __always_inline int verdict(u32 reason, int action)
@@ -68,7 +69,10 @@ static __always_inline void set_reply(struct plan *pl, u32 kind, u32 psn, u32 sy
 static __always_inline u32 fatal(struct plan *pl, struct nic_qp *qp, u32 qpn, u32 psn, u32 syn,
                                  u32 txc, u32 reason)
 {
-    set_reply(pl, REPLY_ACK, psn, syn, qp->msn, txc);
+    /* MetaRoCE: an MR_SACK with the NAK syndrome, the offending PSN and no bitmap (SACK-7) */
+    set_reply(pl, qp->metaroce ? REPLY_SACK : REPLY_ACK, psn, syn, qp->msn, txc);
+    pl->x.bm_hi = pl->x.bm_lo = 0;
+    pl->x.flags = 0;
     qp->state = QP_RX_ERROR;
     event(EV_QP_ERROR, qpn, psn, syn, 0, 0, 0, reason, qp->msn);
     return reason;
@@ -207,8 +211,11 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     if (!T || !s)
         return verdict(reason, XDP_DROP);
     int v6 = rp->ipver == 6;
-    u32 want = pl->kind == REPLY_ACK ? REPLY_LEN(v6, REPLY_ACK)
-             : pl->kind == REPLY_ATOMIC_ACK ? REPLY_LEN(v6, REPLY_ATOMIC_ACK)
+    u32 k = pl->kind;
+    u32 want = k == REPLY_ACK ? REPLY_LEN(v6, REPLY_ACK)
+             : k == REPLY_ATOMIC_ACK ? REPLY_LEN(v6, REPLY_ATOMIC_ACK)
+             : k == REPLY_SACK ? REPLY_LEN(v6, REPLY_SACK)
+             : k == REPLY_MR_ATOMIC_ACK ? REPLY_LEN(v6, REPLY_MR_ATOMIC_ACK)
              : REPLY_LEN(v6, REPLY_CNP);
     int delta = (int)want - (int)bpf_xdp_get_buff_len(ctx);
     if (delta && bpf_xdp_adjust_tail(ctx, delta))
@@ -216,22 +223,34 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
     u32 len;
     u8 syn = pl->syndrome;
+    const struct reply_ext *x = &pl->x;
+    /* kind and IP version are constants at each call so every offset is fixed */
     if (v6) {
-        if (pl->kind == REPLY_ACK)
-            len = build_reply(data, data_end, 1, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, T, s);
-        else if (pl->kind == REPLY_ATOMIC_ACK)
+        if (k == REPLY_ACK)
+            len = build_reply(data, data_end, 1, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+        else if (k == REPLY_ATOMIC_ACK)
             len = build_reply(data, data_end, 1, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, T, s);
+                              pl->orig, x, T, s);
+        else if (k == REPLY_SACK)
+            len = build_reply(data, data_end, 1, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+        else if (k == REPLY_MR_ATOMIC_ACK)
+            len = build_reply(data, data_end, 1, REPLY_MR_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
+                              pl->orig, x, T, s);
         else
-            len = build_reply(data, data_end, 1, REPLY_CNP, dqpn, 0, 0, 0, 0, T, s);
+            len = build_reply(data, data_end, 1, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s);
     } else {
-        if (pl->kind == REPLY_ACK)
-            len = build_reply(data, data_end, 0, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, T, s);
-        else if (pl->kind == REPLY_ATOMIC_ACK)
+        if (k == REPLY_ACK)
+            len = build_reply(data, data_end, 0, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+        else if (k == REPLY_ATOMIC_ACK)
             len = build_reply(data, data_end, 0, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, T, s);
+                              pl->orig, x, T, s);
+        else if (k == REPLY_SACK)
+            len = build_reply(data, data_end, 0, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+        else if (k == REPLY_MR_ATOMIC_ACK)
+            len = build_reply(data, data_end, 0, REPLY_MR_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
+                              pl->orig, x, T, s);
         else
-            len = build_reply(data, data_end, 0, REPLY_CNP, dqpn, 0, 0, 0, 0, T, s);
+            len = build_reply(data, data_end, 0, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s);
     }
     if (!len)
         return verdict(RX_MALFORMED, XDP_DROP);
@@ -400,11 +419,12 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
 /* READ request: checked here, answered by user space (the responses come from the region).
  * A duplicate is answered again (READs are idempotent, RESP-4). */
 static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
-                                   struct nic_qp *qp, u32 psn, int dup, u32 l4, struct plan *pl)
+                                   struct nic_qp *qp, u32 psn, int dup, u32 l4, struct plan *pl,
+                                   u32 ext, u32 ssn)
 {
     struct reth reth;
-    if (l4 != BTH_LEN + RETH_LEN + ICRC_LEN ||
-        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &reth, sizeof(reth)))
+    if (l4 != BTH_LEN + ext + RETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + ext, &reth, sizeof(reth)))
         return RX_MALFORMED;
     u64 va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
     u32 rkey = bpf_ntohl(reth.rkey), len = bpf_ntohl(reth.dmalen);
@@ -417,7 +437,7 @@ static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp
             return dup ? why : fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
     }
     u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
-    if (!dup) {
+    if (!dup && !ext) {              /* MetaRoCE: the caller advances ePSN and the MSN */
         qp->epsn = (psn + (len ? (len + pmtu - 1) / pmtu : 1)) & PSN_MASK;
         qp->msn = (qp->msn + 1) & 0xFFFFFF;
         qp->nak_sent = 0;
@@ -430,7 +450,8 @@ static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp
     ev.rkey = rkey;
     ev.len = len;
     ev.flags = dup;
-    ev.msn = qp->msn;
+    ev.imm = ssn;                    /* MetaRoCE: echoed in the responses' PETH */
+    ev.msn = ext ? (qp->msn + !dup) & 0xFFFFFF : qp->msn;
     emit(&ev);
     return dup ? RX_DUPLICATE : RX_READ_REQUEST;
 }
@@ -439,16 +460,17 @@ static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp
  * original value is saved for a duplicate (RESP-4) and returned in an atomic ACK. */
 static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
                                      struct nic_qp *qp, u8 op, u32 psn, int dup, u32 l4,
-                                     struct plan *pl)
+                                     struct plan *pl, u32 ext)
 {
     struct atomic_eth a;
-    if (l4 != BTH_LEN + ATOMICETH_LEN + ICRC_LEN ||
-        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &a, sizeof(a)))
+    u32 kind = ext ? REPLY_MR_ATOMIC_ACK : REPLY_ATOMIC_ACK;
+    if (l4 != BTH_LEN + ext + ATOMICETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + ext, &a, sizeof(a)))
         return RX_MALFORMED;
     if (dup) {
         if (!qp->atomic_valid || qp->atomic_psn != psn)
             return RX_DUPLICATE;       /* older than the saved result: dropped */
-        set_reply(pl, REPLY_ATOMIC_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
+        set_reply(pl, kind, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
         pl->orig = qp->atomic_orig;
         return RX_DUPLICATE;
     }
@@ -475,10 +497,13 @@ static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *
     qp->atomic_orig = orig;
     qp->atomic_psn = psn;
     qp->atomic_valid = 1;
-    qp->epsn = (psn + 1) & PSN_MASK;
-    qp->msn = (qp->msn + 1) & 0xFFFFFF;
-    qp->nak_sent = 0;
-    set_reply(pl, REPLY_ATOMIC_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
+    if (!ext) {                      /* MetaRoCE: the caller advances ePSN and the MSN */
+        qp->epsn = (psn + 1) & PSN_MASK;
+        qp->msn = (qp->msn + 1) & 0xFFFFFF;
+        qp->nak_sent = 0;
+    }
+    set_reply(pl, kind, psn, AETH_ACK_UNLIMITED, ext ? (qp->msn + 1) & 0xFFFFFF : qp->msn,
+              TX_ATOMIC_ACK);
     pl->orig = orig;
     return RX_ATOMIC;
 }
@@ -535,8 +560,12 @@ static __always_inline void rd_done(u32 qpn, struct nic_qp *qp, struct rd_slot *
 /* Requester: READ response packets and atomic ACKs, placed into the local buffer of the
  * outstanding request they answer (in order; a gap asks user space to re-request). */
 static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
-                                       struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad)
+                                       struct nic_qp *qp, u8 mop, u32 psn, u32 l4, u32 pad)
 {
+    /* MetaRoCE responses (0xCD-0xD0, 0xD2) mean what their RC opcode means, with a PETH first
+     * (responses are taken in order here; a gap re-requests, as in compat mode) */
+    u32 ext = mop >= MR_OPCODE_MIN ? PETH_LEN : 0;
+    u8 op = mop & 0x3F;
     u64 k = (u64)qpn << 32 | (qp->rd_head & (RD_DEPTH - 1));
     struct rd_slot *sl = rd_slots.lookup(&k);
     if (!sl || sl->idx != qp->rd_head)
@@ -545,8 +574,8 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
         if (sl->kind != RD_ATOMIC || psn != sl->first_psn)
             return RX_UNEXPECTED_RESPONSE;
         __be32 v[3];
-        if (l4 != BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN ||
-            bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, v, sizeof(v)))
+        if (l4 != BTH_LEN + ext + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN ||
+            bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + ext, v, sizeof(v)))
             return RX_MALFORMED;
         u64 orig = ((u64)bpf_ntohl(v[1]) << 32) | bpf_ntohl(v[2]);
         u64 off;
@@ -561,7 +590,7 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
         return RX_UNEXPECTED_RESPONSE;
     int first = op == RC_RDMA_READ_RESPONSE_FIRST || op == RC_RDMA_READ_RESPONSE_ONLY;
     int ends = op == RC_RDMA_READ_RESPONSE_LAST || op == RC_RDMA_READ_RESPONSE_ONLY;
-    u32 hdrs = BTH_LEN + (op == RC_RDMA_READ_RESPONSE_MIDDLE ? 0 : AETH_LEN);
+    u32 hdrs = BTH_LEN + (ext ? PETH_LEN : op == RC_RDMA_READ_RESPONSE_MIDDLE ? 0 : AETH_LEN);
     if (l4 < hdrs + pad + ICRC_LEN)
         return RX_MALFORMED;
     u32 len = l4 - hdrs - pad - ICRC_LEN;
@@ -597,6 +626,369 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
     if (ends)
         rd_done(qpn, qp, sl, psn, 0);
     return RX_PLACED;
+}
+
+/* ---- MetaRoCE mode (spec 5.2, 5.3): selective repeat, placement on arrival, SACK ---------- */
+
+/* Bit of PSN ePSN + d (1 <= d < MR_WINDOW) in a wire-order 128-bit bitmap: d = 1 is bit 63 of
+ * hi, so the bitmap goes on the wire as it is (SACKETH: bit i reports cumulative + 2 + i). */
+static __always_inline int bm_test(u64 hi, u64 lo, u32 d)
+{
+    return d <= 64 ? (hi >> ((64 - d) & 63)) & 1 : (lo >> ((128 - d) & 63)) & 1;
+}
+
+static __always_inline void bm_set(u64 *hi, u64 *lo, u32 d)
+{
+    if (d <= 64)
+        *hi |= 1ULL << ((64 - d) & 63);
+    else
+        *lo |= 1ULL << ((128 - d) & 63);
+}
+
+static __always_inline void shl128(u64 *hi, u64 *lo, u32 k)
+{
+    if (k >= 128) {
+        *hi = *lo = 0;
+    } else if (k >= 64) {
+        *hi = *lo << ((k - 64) & 63);
+        *lo = 0;
+    } else if (k) {
+        *hi = *hi << (k & 63) | *lo >> ((64 - k) & 63);
+        *lo <<= (k & 63);
+    }
+}
+
+/* PSNs ePSN .. ePSN + k - 1 arrived (k = 1, or a READ's response PSNs) and ended a message:
+ * move ePSN past them and past every PSN recorded after them; the MSN counts the messages
+ * that ended on the way (ends: whether the arriving packet ended one). Returns how many
+ * recorded PSNs were passed. */
+static __always_inline u32 mr_advance(struct nic_qp *qp, u32 k, u32 ends)
+{
+    u64 hi = qp->rbm_hi, lo = qp->rbm_lo, ehi = qp->rend_hi, elo = qp->rend_lo;
+    u32 epsn = (qp->epsn + k) & PSN_MASK, msn = qp->msn + ends, passed = 0;
+    shl128(&hi, &lo, k - 1);
+    shl128(&ehi, &elo, k - 1);
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < MR_WINDOW; i++) {
+        u64 c = hi >> 63, e = ehi >> 63;
+        hi = hi << 1 | lo >> 63;
+        lo <<= 1;
+        ehi = ehi << 1 | elo >> 63;
+        elo <<= 1;
+        if (!c)
+            break;
+        epsn = (epsn + 1) & PSN_MASK;
+        msn += e;
+        passed++;
+    }
+    qp->rbm_hi = hi;
+    qp->rbm_lo = lo;
+    qp->rend_hi = ehi;
+    qp->rend_lo = elo;
+    qp->epsn = epsn;
+    qp->msn = msn & 0xFFFFFF;
+    return passed;
+}
+
+/* A SACK for the current receive state (SACK-2), built by turning this packet around. */
+static __always_inline void sack(struct plan *pl, struct nic_qp *qp, u32 syn, u8 flags)
+{
+    set_reply(pl, REPLY_SACK, (qp->epsn - 1) & PSN_MASK, syn, qp->msn, TX_SACK);
+    pl->x.flags = flags;
+    pl->x.ce_count = qp->ce_count;
+    pl->x.bm_hi = qp->rbm_hi;
+    pl->x.bm_lo = qp->rbm_lo;
+    qp->since_sack = 0;
+    qp->sacks_sent++;
+}
+
+/* MR_RDMA_WRITE_*: every packet carries PETH and RETH; placed at RETH.VA + PETH.Offset after
+ * the whole range is checked (PLACE-2). */
+static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                       struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad,
+                                       const struct peth *pe, int *ends, struct plan *pl)
+{
+    int has_imm = op == RC_RDMA_WRITE_LAST_WITH_IMMEDIATE || op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    int first = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
+                op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+    *ends = op != RC_RDMA_WRITE_FIRST && op != RC_RDMA_WRITE_MIDDLE;
+    u32 hdrs = BTH_LEN + PETH_LEN + RETH_LEN + (has_imm ? IMMDT_LEN : 0);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return RX_MALFORMED;
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+    struct reth reth;
+    if (bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &reth, sizeof(reth)))
+        return RX_MALFORMED;
+    u64 va = ((u64)bpf_ntohl(reth.va_hi) << 32) | bpf_ntohl(reth.va_lo);
+    u32 rkey = bpf_ntohl(reth.rkey);
+    u64 dmalen = bpf_ntohl(reth.dmalen), offset = bpf_ntohl(pe->offset);
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    if (offset + len > dmalen || (*ends && offset + len != dmalen) ||
+        (!*ends && len != pmtu) || (first && offset))
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    u64 key = 0;
+    u32 rsn = bpf_ntohl(pe->rsn) & 0xFFFFFF;
+    struct recv_wqe *w = NULL;
+    if (has_imm) {                     /* the immediate consumes receive WQE number RSN */
+        key = (u64)qpn << 32 | (rsn & (RQ_DEPTH - 1));
+        w = rq.lookup(&key);
+        if (!w || (w->seq & 0xFFFFFF) != rsn) {
+            sack(pl, qp, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), 0);
+            pl->txc = TX_NAK_RNR;
+            return RX_RNR;
+        }
+    }
+    if (dmalen) {
+        u64 off;
+        u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_WRITE, va, dmalen, &off);
+        if (why)
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
+        if (place(ctx, rkey, off + offset, rp->bth_off + hdrs, len))
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, RX_MR_BOUNDS);
+    }
+    qp->rx_bytes += len;
+    if (w) {                           /* completed by user space once ePSN passes it */
+        u32 imm = 0;
+        load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
+        struct nic_event ev = {};
+        ev.type = EV_RECV;
+        ev.qpn = qpn;
+        ev.psn = psn;
+        ev.wr_id = w->wr_id;
+        ev.va = rsn;
+        ev.len = dmalen;
+        ev.imm = imm;
+        ev.flags = 3;
+        emit(&ev);
+    }
+    return RX_PLACED;
+}
+
+/* MR_SEND_*: PETH.RSN names the receive WQE, PETH.Offset the place in it (PLACE-3). */
+static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                      struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad,
+                                      const struct peth *pe, int *ends, struct plan *pl)
+{
+    int has_imm = op == RC_SEND_LAST_WITH_IMMEDIATE || op == RC_SEND_ONLY_WITH_IMMEDIATE;
+    int first = op == RC_SEND_FIRST || op == RC_SEND_ONLY || op == RC_SEND_ONLY_WITH_IMMEDIATE;
+    *ends = op != RC_SEND_FIRST && op != RC_SEND_MIDDLE;
+    u32 hdrs = BTH_LEN + PETH_LEN + (has_imm ? IMMDT_LEN : 0);
+    if (l4 < hdrs + pad + ICRC_LEN)
+        return RX_MALFORMED;
+    u32 len = l4 - hdrs - pad - ICRC_LEN;
+    u64 offset = bpf_ntohl(pe->offset);
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    if ((!*ends && len != pmtu) || (first && offset) || len > pmtu)
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    u32 rsn = bpf_ntohl(pe->rsn) & 0xFFFFFF;
+    u64 key = (u64)qpn << 32 | (rsn & (RQ_DEPTH - 1));
+    struct recv_wqe *w = rq.lookup(&key);
+    if (!w || (w->seq & 0xFFFFFF) != rsn) {   /* not posted: not recorded, RNR SACK (SACK-6) */
+        sack(pl, qp, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), 0);
+        pl->txc = TX_NAK_RNR;
+        return RX_RNR;
+    }
+    if (offset + len > w->length) {           /* longer than the receive buffer */
+        event(EV_RECV_ERR, qpn, psn, RX_INVALID_REQUEST, w->wr_id, offset + len, 0, 0, qp->msn);
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
+    }
+    if (len) {
+        u64 off;
+        u32 why = mr_check(w->lkey, qp->pd, ACCESS_LOCAL_WRITE, w->addr + offset, len, &off);
+        if (!why && place(ctx, w->lkey, off, rp->bth_off + hdrs, len))
+            why = RX_MR_BOUNDS;
+        if (why) {                   /* our own receive buffer is bad: a local protection error */
+            event(EV_RECV_ERR, qpn, psn, why, w->wr_id, 0, 0, 0, qp->msn);
+            return fatal(pl, qp, qpn, psn, AETH_NAK_REM_OP, TX_NAK_REM_OP, why);
+        }
+    }
+    qp->rx_bytes += len;
+    if (*ends) {                     /* completed by user space once ePSN passes it */
+        u32 imm = 0;
+        if (has_imm)
+            load32(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &imm);
+        struct nic_event ev = {};
+        ev.type = EV_RECV;
+        ev.qpn = qpn;
+        ev.psn = psn;
+        ev.wr_id = w->wr_id;
+        ev.va = rsn;
+        ev.len = offset + len;
+        ev.imm = imm;
+        ev.flags = has_imm ? 1 : 0;
+        emit(&ev);
+    }
+    return RX_PLACED;
+}
+
+/* A MetaRoCE request: window and bitmap (SACK-1, SACK-3), placement on arrival (PLACE-1..3),
+ * READ and ATOMIC only at the cumulative PSN (PLACE-5), SACK when SACK-2 says so. */
+static __always_inline u32 on_mr_request(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                         struct nic_qp *qp, u8 mop, u32 psn, int ackreq, u32 l4,
+                                         u32 pad, struct plan *pl)
+{
+    struct peth pe;
+    if (l4 < BTH_LEN + PETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &pe, sizeof(pe)))
+        return RX_MALFORMED;
+    if ((pe.flags & ~(PETH_F_RETX | PETH_F_ACK_NOW)) || pe.resv ||
+        (bpf_ntohl(pe.ssn) >> 24) || (bpf_ntohl(pe.rsn) >> 24))
+        return RX_MALFORMED;                  /* EXT-4 */
+    u8 op = mop & 0x3F;
+    u32 ssn = bpf_ntohl(pe.ssn);
+    int now = ackreq || (pe.flags & PETH_F_ACK_NOW);
+    int ce = rp->ecn == 3;
+    pl->x.path = pe.path;
+    pl->x.ts = bpf_ntohl(pe.ts);
+    pl->x.ssn = ssn;
+    if (ce) {
+        qp->np_ecn_marked_roce_packets++;
+        qp->ce_count++;
+    }
+    u32 d = (psn - qp->epsn) & PSN_MASK;
+    u32 reason;
+    if (d >= PSN_HALF || (d && d < MR_WINDOW && bm_test(qp->rbm_hi, qp->rbm_lo, d))) {
+        qp->duplicate_request++;              /* SACK-3 / RESP-4 */
+        if (op == RC_RDMA_READ_REQUEST)
+            reason = on_read(ctx, rp, qpn, qp, psn, 1, l4, pl, PETH_LEN, ssn);
+        else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD)
+            reason = on_atomic(ctx, rp, qpn, qp, op, psn, 1, l4, pl, PETH_LEN);
+        else
+            reason = RX_DUPLICATE;
+        if (!pl->kind && now)
+            sack(pl, qp, AETH_ACK_UNLIMITED, ce ? SACK_F_ECE : 0);
+        return reason;
+    }
+    if (d >= MR_WINDOW)
+        return RX_BEYOND_WINDOW;              /* not recorded (SACK-1) */
+    int ends = 1;
+    u32 npsn = 1;
+    if (op >= RC_RDMA_WRITE_FIRST && op <= RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE) {
+        reason = on_mr_write(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl);
+    } else if (op <= RC_SEND_ONLY_WITH_IMMEDIATE) {
+        reason = on_mr_send(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl);
+    } else if (op == RC_RDMA_READ_REQUEST || op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
+        if (d) {                              /* executed only at the cumulative PSN (PLACE-5) */
+            qp->out_of_sequence++;
+            return RX_BEYOND_WINDOW;
+        }
+        if (op == RC_RDMA_READ_REQUEST) {
+            struct reth reth;
+            if (bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &reth, sizeof(reth)))
+                return RX_MALFORMED;
+            u32 len = bpf_ntohl(reth.dmalen), pmtu = qp->pmtu ? qp->pmtu : 1024;
+            npsn = len ? (len + pmtu - 1) / pmtu : 1;
+            reason = on_read(ctx, rp, qpn, qp, psn, 0, l4, pl, PETH_LEN, ssn);
+        } else {
+            reason = on_atomic(ctx, rp, qpn, qp, op, psn, 0, l4, pl, PETH_LEN);
+        }
+    } else {
+        return RX_UNSUPPORTED_OPCODE;
+    }
+    if (reason != RX_PLACED && reason != RX_READ_REQUEST && reason != RX_ATOMIC)
+        return reason;                        /* RNR, fatal or malformed: not recorded */
+    u32 passed = 0;
+    if (d == 0) {
+        qp->ooo_run = 0;
+        passed = mr_advance(qp, npsn, ends);
+        if (passed)                           /* a hole filled: user space may complete more */
+            event(EV_EPSN, qpn, qp->epsn, 0, 0, 0, 0, passed, qp->msn);
+    } else {
+        bm_set(&qp->rbm_hi, &qp->rbm_lo, d);
+        if (ends)
+            bm_set(&qp->rend_hi, &qp->rend_lo, d);
+        qp->out_of_sequence++;
+    }
+    if (pl->kind)                             /* an atomic ACK already answers it */
+        return reason;
+    u8 flags = ce ? SACK_F_ECE : 0;
+    int send = now && reason != RX_READ_REQUEST;   /* a READ is acknowledged by its responses */
+    if (d) {
+        if (qp->ooo_run % SACK_OOO_EVERY == 0) {
+            flags |= SACK_F_OOO;
+            send = 1;
+        }
+        qp->ooo_run++;
+    }
+    if (ce && qp->ce_count % SACK_CE_EVERY == 1)
+        send = 1;
+    if (++qp->since_sack >= SACK_EVERY)
+        send = 1;
+    if (send)
+        sack(pl, qp, AETH_ACK_UNLIMITED, flags);
+    return reason;
+}
+
+/* Requester: an MR_SACK. The cumulative PSN acknowledges everything before it; the bitmap is
+ * kept for user space, which repairs holes selectively (SACK-4, SACK-5). */
+static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
+                                   struct nic_qp *qp, u32 psn, u32 l4)
+{
+    struct {
+        __be32 aeth;
+        __u8 path;
+        __u8 flags;
+        __be16 resv;
+        __be32 limit;
+        __be32 ts;
+        __be32 ce;
+        __be32 bm[4];
+    } sk;
+    if (l4 != BTH_LEN + AETH_LEN + SACKETH_LEN + ICRC_LEN ||
+        bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &sk, sizeof(sk)))
+        return RX_MALFORMED;
+    u32 w = bpf_ntohl(sk.aeth), syn = w >> 24, msn = w & 0xFFFFFF, type = syn >> 5;
+    u32 *nxt = sq_psn.lookup(&qpn);
+    if (!nxt)
+        return RX_UNEXPECTED_RESPONSE;
+    u32 outstanding = (*nxt - qp->una) & PSN_MASK;
+    qp->sacks_received++;
+    if (sk.flags & SACK_F_ECE) {              /* congestion echoed: tell the rate controller */
+        qp->rp_cnp_handled++;
+        event(EV_CNP, qpn, psn, 1, 0, 0, 0, 0, 0);
+    }
+    if (type == 3) {                          /* fatal NAK: BTH.PSN is the offending PSN */
+        if (((psn - qp->una) & PSN_MASK) >= outstanding)
+            return RX_UNEXPECTED_RESPONSE;
+        qp->una = psn;
+        event(EV_NAK, qpn, psn, syn, 0, 0, 0, 0, msn);
+        return RX_ACK;
+    }
+    if (type == 2)
+        return RX_MALFORMED;
+    u32 d = (psn + 1 - qp->una) & PSN_MASK;  /* PSNs newly covered by the cumulative PSN */
+    if (d >= PSN_HALF)
+        d = 0;                                /* older than what is acknowledged */
+    if (d > outstanding)
+        return RX_UNEXPECTED_RESPONSE;        /* beyond what was sent (RESP-12) */
+    if (d) {
+        qp->una = (psn + 1) & PSN_MASK;
+        qp->acks_received++;
+        event(EV_ACK, qpn, psn, syn, 0, 0, 0, 0, msn);
+    }
+    if (type == 1) {                          /* RNR: PSN cumulative + 1 waits (SACK-6) */
+        qp->rnr_nak_received++;
+        event(EV_NAK, qpn, (psn + 1) & PSN_MASK, syn, 0, 0, 0, 0, msn);
+        return RX_ACK;
+    }
+    u64 hi = (u64)bpf_ntohl(sk.bm[0]) << 32 | bpf_ntohl(sk.bm[1]);
+    u64 lo = (u64)bpf_ntohl(sk.bm[2]) << 32 | bpf_ntohl(sk.bm[3]);
+    qp->sbm_hi = hi;
+    qp->sbm_lo = lo;
+    qp->sack_cum = psn;
+    if (hi | lo) {
+        struct nic_event ev = {};
+        ev.type = EV_SACK;
+        ev.qpn = qpn;
+        ev.psn = psn;
+        ev.syndrome = syn;
+        ev.wr_id = hi;
+        ev.va = lo;
+        ev.flags = sk.flags;
+        ev.msn = msn;
+        emit(&ev);
+    }
+    return d || (hi | lo) ? RX_ACK : RX_DUPLICATE;
 }
 
 static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic_qp *qp)
@@ -635,8 +1027,11 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_UNKNOWN_QP, XDP_DROP);
     if (!from_peer(&rp, qp))
         return verdict(RX_WRONG_SOURCE, XDP_DROP);
-    if (op > RC_FETCH_ADD && op != CNP_OPCODE)
+    int mr = op >= MR_OPCODE_MIN;
+    if ((op > RC_FETCH_ADD && op != CNP_OPCODE && !mr) || (mr && op > MR_FETCH_ADD))
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
+    if (op != CNP_OPCODE && mr != !!qp->metaroce)  /* the other mode's opcodes (EXT-2) */
+        return verdict(RX_WRONG_MODE, XDP_DROP);
     if (!icrc_ok(ctx, &rp, l4))
         return verdict(RX_BAD_ICRC, XDP_DROP);
     qp->rx_packets++;
@@ -647,6 +1042,19 @@ int nic_rx(struct xdp_md *ctx)
         qp->rp_cnp_handled++;
         event(EV_CNP, qpn, 0, 0, 0, 0, 0, 0, 0);
         return verdict(RX_CNP, XDP_DROP);
+    }
+    if (mr) {
+        if (op == MR_SACK)
+            return verdict(on_sack(ctx, &rp, qpn, qp, psn, l4), XDP_DROP);
+        if ((op >= MR_RDMA_READ_RESPONSE_FIRST && op <= MR_RDMA_READ_RESPONSE_ONLY) ||
+            op == MR_ATOMIC_ACKNOWLEDGE)           /* READ responses, MR atomic ACK */
+            return verdict(on_response(ctx, &rp, qpn, qp, op, psn, l4, pad), XDP_DROP);
+        if (qp->state == QP_RX_ERROR)
+            return verdict(RX_QP_ERROR, XDP_DROP);
+        reason = on_mr_request(ctx, &rp, qpn, qp, op, psn, ackreq, l4, pad, &pl);
+        if (pl.kind)
+            return reply(ctx, &rp, &pl, qp->dqpn, reason);
+        return verdict(reason, XDP_DROP);
     }
     if (op == RC_ACKNOWLEDGE)
         return verdict(on_ack(ctx, &rp, qpn, qp, psn, l4), XDP_DROP);
@@ -670,9 +1078,9 @@ int nic_rx(struct xdp_md *ctx)
     if (ahead) {                               /* a duplicate (RESP-4) */
         qp->duplicate_request++;
         if (op == RC_RDMA_READ_REQUEST)
-            reason = on_read(ctx, &rp, qpn, qp, psn, 1, l4, &pl);
+            reason = on_read(ctx, &rp, qpn, qp, psn, 1, l4, &pl, 0, 0);
         else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD)
-            reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 1, l4, &pl);
+            reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 1, l4, &pl, 0);
         else {
             set_reply(&pl, REPLY_ACK, (qp->epsn - 1) & PSN_MASK, AETH_ACK_UNLIMITED, qp->msn,
                       TX_ACK);
@@ -683,9 +1091,9 @@ int nic_rx(struct xdp_md *ctx)
     } else if (op <= RC_SEND_ONLY_WITH_IMMEDIATE) {
         reason = on_send(ctx, &rp, qpn, qp, op, psn, ackreq, l4, pad, &pl);
     } else if (op == RC_RDMA_READ_REQUEST) {
-        reason = on_read(ctx, &rp, qpn, qp, psn, 0, l4, &pl);
+        reason = on_read(ctx, &rp, qpn, qp, psn, 0, l4, &pl, 0, 0);
     } else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
-        reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 0, l4, &pl);
+        reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 0, l4, &pl, 0);
     } else {
         reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above, or 0x15 */
     }

@@ -53,6 +53,30 @@
 #define RC_FETCH_ADD 0x14
 #define CNP_OPCODE 0x81
 
+/* MetaRoCE opcodes (spec EXT-2): 0xC0 | the RC opcode of the same meaning, plus SACK */
+#define MR_OPCODE_MIN 0xC0
+#define MR_RDMA_READ_REQUEST 0xCC
+#define MR_RDMA_READ_RESPONSE_FIRST 0xCD
+#define MR_RDMA_READ_RESPONSE_MIDDLE 0xCE
+#define MR_RDMA_READ_RESPONSE_LAST 0xCF
+#define MR_RDMA_READ_RESPONSE_ONLY 0xD0
+#define MR_SACK 0xD1
+#define MR_ATOMIC_ACKNOWLEDGE 0xD2
+#define MR_COMPARE_SWAP 0xD3
+#define MR_FETCH_ADD 0xD4
+#define PETH_LEN 20
+#define SACKETH_LEN 32
+#define PETH_F_RETX 0x80
+#define PETH_F_ACK_NOW 0x40
+#define SACK_F_ECE 0x80
+#define SACK_F_OOO 0x40
+#ifndef MR_WINDOW
+#define MR_WINDOW 128             /* receive window in PSNs (SACK-1); the bitmap holds 127 */
+#endif
+#define SACK_OOO_EVERY 8          /* SACK-2 (b) */
+#define SACK_EVERY 16             /* SACK-2 (e) */
+#define SACK_CE_EVERY 4           /* SACK-2 (c): coalesce CE echoes */
+
 #define AETH_ACK_UNLIMITED 0x1F   /* ACK, credits invalid */
 #define AETH_RNR_NAK 0x20         /* | the RNR timer code */
 #define AETH_NAK_PSN_SEQ 0x60     /* NAK, PSN sequence error */
@@ -108,7 +132,10 @@
 #define RX_UNEXPECTED_RESPONSE 18 /* a response or ACK outside what is outstanding */
 #define RX_INVALID_REQUEST 19     /* too long for the receive buffer, misaligned atomic ... */
 #define RX_CNP 20                 /* a CNP consumed by the requester */
-#define RX_NREASONS 21
+#define RX_WRONG_MODE 21          /* a RoCEv2 opcode on a MetaRoCE QP or the reverse (EXT-2) */
+#define RX_BEYOND_WINDOW 22       /* MetaRoCE: PSN past the receive window, or a READ/ATOMIC
+                                   * ahead of the cumulative PSN (PLACE-5): not recorded */
+#define RX_NREASONS 23
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0
@@ -119,7 +146,8 @@
 #define TX_NAK_REM_OP 5
 #define TX_ATOMIC_ACK 6
 #define TX_CNP 7
-#define TX_NCOUNTERS 8
+#define TX_SACK 8
+#define TX_NCOUNTERS 9
 
 /* Events for user space (ring buffer). */
 #define EV_RECV 1                 /* a receive WQE completed (SEND or WRITE_WITH_IMM) */
@@ -131,5 +159,7 @@
 #define EV_CNP 7                  /* a CNP reached the requester */
 #define EV_RECV_ERR 8             /* a receive WQE failed (status in ev.status) */
 #define EV_QP_ERROR 9             /* the responder sent a fatal NAK and moved the QP to ERR */
+#define EV_SACK 10                /* MetaRoCE requester: a SACK with holes (bitmap in wr_id, va) */
+#define EV_EPSN 11                /* MetaRoCE responder: a filled hole moved ePSN past several */
 
 #endif

@@ -47,6 +47,16 @@ struct atomic_eth {
     __be32 cmp_lo;
 };
 
+struct peth {
+    __u8 path;
+    __u8 flags;       /* RETX, ACK_NOW */
+    __be16 resv;
+    __be32 ssn;       /* resv8 | SSN (24) */
+    __be32 rsn;       /* resv8 | RSN (24) */
+    __be32 offset;
+    __be32 ts;
+};
+
 #define PARSE_NOT_ROCE 1
 #define PARSE_MALFORMED 2
 

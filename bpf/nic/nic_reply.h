@@ -10,10 +10,27 @@
 #define REPLY_ACK 1          /* ACKNOWLEDGE: AETH */
 #define REPLY_ATOMIC_ACK 2   /* ATOMIC_ACKNOWLEDGE: AETH + AtomicAckETH */
 #define REPLY_CNP 3          /* CNP: 16 reserved bytes */
+#define REPLY_SACK 4         /* MR_SACK: AETH + SACKETH */
+#define REPLY_MR_ATOMIC_ACK 5    /* MR_ATOMIC_ACKNOWLEDGE: PETH + AETH + AtomicAckETH */
+
+/* What a MetaRoCE reply carries beyond PSN, syndrome and MSN. */
+struct reply_ext {
+    __u8 path;        /* PathID of the triggering packet */
+    __u8 flags;       /* SACKETH flags */
+    __u16 pad;
+    __u32 ts;         /* the triggering packet's PETH timestamp (echoed) */
+    __u32 ce_count;
+    __u32 ssn;        /* MR_ATOMIC_ACKNOWLEDGE: the request's SSN */
+    __u64 bm_hi;      /* SACK bitmap, wire order */
+    __u64 bm_lo;
+};
 
 /* Bytes after the BTH of each reply kind, and the UDP length of the reply. */
 #define REPLY_TAIL(kind) ((kind) == REPLY_ACK ? AETH_LEN : \
-                          (kind) == REPLY_ATOMIC_ACK ? AETH_LEN + ATOMICACKETH_LEN : CNP_PAD_LEN)
+                          (kind) == REPLY_ATOMIC_ACK ? AETH_LEN + ATOMICACKETH_LEN : \
+                          (kind) == REPLY_SACK ? AETH_LEN + SACKETH_LEN : \
+                          (kind) == REPLY_MR_ATOMIC_ACK ? PETH_LEN + AETH_LEN + ATOMICACKETH_LEN : \
+                          CNP_PAD_LEN)
 #define REPLY_L4(kind) (8 + BTH_LEN + REPLY_TAIL(kind) + ICRC_LEN)
 #define REPLY_LEN(ipv6, kind) (sizeof(struct ethhdr) + ((ipv6) ? 40 : 20) + REPLY_L4(kind))
 
@@ -49,11 +66,12 @@ static __always_inline void swap_bytes(__u8 *a, __u8 *b, int n)
  * value. Fills the ICRC using T and s; returns the new frame length, 0 if the frame is short. */
 static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, int kind,
                                          __u32 dqpn, __u32 psn, __u8 syndrome, __u32 msn,
-                                         __u64 orig, const struct crc_tables *T,
-                                         struct icrc_scratch *s)
+                                         __u64 orig, const struct reply_ext *x,
+                                         const struct crc_tables *T, struct icrc_scratch *s)
 {
     const __u32 hlen = ipv6 ? 40 : 20, L4 = REPLY_L4(kind);
-    const __u32 l3 = sizeof(struct ethhdr), l4 = l3 + hlen, bth = l4 + 8, aeth = bth + BTH_LEN;
+    const __u32 l3 = sizeof(struct ethhdr), l4 = l3 + hlen, bth = l4 + 8;
+    const __u32 aeth = bth + BTH_LEN + (kind == REPLY_MR_ATOMIC_ACK ? PETH_LEN : 0);
     const __u32 icrc = bth + BTH_LEN + REPLY_TAIL(kind), total = icrc + ICRC_LEN;
     __u8 *p = data;
     if ((void *)(p + total) > data_end)
@@ -95,7 +113,9 @@ static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, i
     p[l4 + 6] = p[l4 + 7] = 0;
     /* BTH: opcode, no SE/M/pad, TVer 0; P_Key kept (a CNP's is 0xFFFF); DestQP; AckReq 0 */
     p[bth] = kind == REPLY_ACK ? RC_ACKNOWLEDGE
-           : kind == REPLY_ATOMIC_ACK ? RC_ATOMIC_ACKNOWLEDGE : CNP_OPCODE;
+           : kind == REPLY_ATOMIC_ACK ? RC_ATOMIC_ACKNOWLEDGE
+           : kind == REPLY_SACK ? MR_SACK
+           : kind == REPLY_MR_ATOMIC_ACK ? MR_ATOMIC_ACKNOWLEDGE : CNP_OPCODE;
     p[bth + 1] = 0;
     p[bth + 4] = kind == REPLY_CNP ? 0x40 : 0;    /* BECN in a CNP */
     if (kind == REPLY_CNP)
@@ -119,10 +139,44 @@ static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, i
         p[aeth + 2] = msn >> 8;
         p[aeth + 3] = msn;
     }
-    if (kind == REPLY_ATOMIC_ACK) {
+    if (kind == REPLY_ATOMIC_ACK || kind == REPLY_MR_ATOMIC_ACK) {
 #pragma unroll
         for (int i = 0; i < 8; i++)
             p[aeth + AETH_LEN + i] = orig >> (56 - 8 * i);
+    }
+    if (kind == REPLY_MR_ATOMIC_ACK) {         /* PETH: path, SSN echoed, timestamp echoed */
+        __u8 *q = p + bth + BTH_LEN;
+#pragma unroll
+        for (int i = 0; i < PETH_LEN; i++)
+            q[i] = 0;
+        q[0] = x->path;
+        q[5] = x->ssn >> 16;
+        q[6] = x->ssn >> 8;
+        q[7] = x->ssn;
+        q[16] = x->ts >> 24;
+        q[17] = x->ts >> 16;
+        q[18] = x->ts >> 8;
+        q[19] = x->ts;
+    }
+    if (kind == REPLY_SACK) {                  /* SACKETH after the AETH */
+        __u8 *q = p + aeth + AETH_LEN;
+        q[0] = x->path;
+        q[1] = x->flags;
+        q[2] = q[3] = 0;
+        q[4] = q[5] = q[6] = q[7] = 0;         /* no credit limit */
+        q[8] = x->ts >> 24;
+        q[9] = x->ts >> 16;
+        q[10] = x->ts >> 8;
+        q[11] = x->ts;
+        q[12] = x->ce_count >> 24;
+        q[13] = x->ce_count >> 16;
+        q[14] = x->ce_count >> 8;
+        q[15] = x->ce_count;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            q[16 + i] = x->bm_hi >> (56 - 8 * i);
+            q[24 + i] = x->bm_lo >> (56 - 8 * i);
+        }
     }
     /* ICRC over 8 x 0xFF and the masked headers */
     __builtin_memset(s->b, 0xff, 8);

@@ -56,6 +56,21 @@ struct nic_qp {
     __u64 rp_cnp_handled;
     __u64 np_ecn_marked_roce_packets;
     __u64 acks_received;
+    /* MetaRoCE mode (selective repeat, spec 5.2) */
+    __u32 metaroce;   /* 1: this QP speaks MetaRoCE opcodes only */
+    __u32 ooo_run;    /* out-of-order arrivals since in-order progress */
+    __u32 since_sack; /* packets since the last SACK */
+    __u32 ce_count;   /* CE-marked packets received (SACKETH CE Count) */
+    __u64 rbm_hi;     /* received PSNs ePSN+1 .. ePSN+127, wire order: bit 63 of hi = ePSN+1 */
+    __u64 rbm_lo;
+    __u64 rend_hi;    /* of them, those that end a message (the MSN follows them) */
+    __u64 rend_lo;
+    __u64 sbm_hi;     /* requester: the last SACK's bitmap and cumulative PSN */
+    __u64 sbm_lo;
+    __u32 sack_cum;
+    __u32 pad2;
+    __u64 sacks_sent;
+    __u64 sacks_received;
 };
 
 /* A posted receive WQE (one SGE), keyed by (qpn << 32 | seq % RQ_DEPTH). */

@@ -19,16 +19,17 @@ ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMI
 RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order",
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
               "bad_icrc", "duplicate", "rnr", "qp_error", "wrong_source", "ack", "read_request",
-              "atomic", "unexpected_response", "invalid_request", "cnp")
+              "atomic", "unexpected_response", "invalid_request", "cnp", "wrong_mode",
+              "beyond_window")
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
-               "atomic_ack", "cnp")
+               "atomic_ack", "cnp", "sack")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
 EV_RECV, EV_READ_REQUEST, EV_ACK, EV_NAK, EV_RD_DONE, EV_RD_GAP, EV_CNP, EV_RECV_ERR, \
-    EV_QP_ERROR = range(1, 10)
+    EV_QP_ERROR, EV_SACK, EV_EPSN = range(1, 12)
 QP_COUNTERS = ("rx_packets", "rx_bytes", "out_of_sequence", "duplicate_request",
                "packet_seq_err", "rnr_nak_received", "np_cnp_sent", "rp_cnp_handled",
-               "np_ecn_marked_roce_packets", "acks_received")
+               "np_ecn_marked_roce_packets", "acks_received", "sacks_sent", "sacks_received")
 
 
 def crc32_slice8_tables() -> bytes:
@@ -87,13 +88,15 @@ class RxPath:
 
     def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0, *,
                pmtu: int = 1024, sq_psn: int | None = None, peer_ip: bytes | None = None,
-               rnr_timer: int = 12) -> None:
+               rnr_timer: int = 12, metaroce: bool = False) -> None:
         """A QP in RTR/RTS: what it expects next, whom it answers, where its requests start
-        (sq_psn: the first PSN it sends; None leaves the requester side closed), and, with
-        peer_ip (4 or 16 bytes), the only source it accepts."""
+        (sq_psn: the first PSN it sends; None leaves the requester side closed), with
+        peer_ip (4 or 16 bytes) the only source it accepts, and which mode's opcodes it
+        speaks (metaroce: selective repeat with SACK, spec section 5)."""
         leaf = self._qps.Leaf()
         leaf.epsn, leaf.pd, leaf.dqpn, leaf.msn, leaf.pmtu = epsn, pd, dqpn, msn, pmtu
         leaf.rnr_timer = rnr_timer
+        leaf.metaroce = int(metaroce)
         if peer_ip is not None:
             leaf.peer_set = 1
             leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))
@@ -127,7 +130,8 @@ class RxPath:
 
     def qp_state(self, qpn: int) -> dict:
         raw = self._qps[self._qps.Key(qpn)]
-        return {f: getattr(raw, f) for f, *_ in raw._fields_ if f not in ("peer_ip", "pad")}
+        return {f: getattr(raw, f) for f, *_ in raw._fields_
+                if f not in ("peer_ip", "pad", "pad2")}
 
     def reg_mr(self, length: int, pd: int, access: int, addr: int | None = None) -> MemoryRegion:
         """Register `length` bytes of new memory; the rkey is random (unpredictable)."""
