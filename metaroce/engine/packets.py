@@ -17,6 +17,15 @@ sack               SACKETH.bitmap (cumulative PSN = BTH.PSN of the MR_SACK)
 place              PETH (SSN, RSN, Offset); MetaRoCE data/READ/ATOMIC only
 retx               PETH.flags RETX
 ts                 PETH.Timestamp (ns mod 2^32); echoed in SACKETH.ts_echo
+path               PETH.PathID (requests); SACKETH.PathID (echo of the trigger)
+sport              UDP source port (entropy; MP-1, COMPAT-5)
+ce                 IP ECN field == CE (set by switches; the ICRC masks it)
+ecn_echo           SACKETH.flags ECE
+ce_count           SACKETH.CE Count
+ts_echo            SACKETH.Timestamp Echo
+credit_limit       SACKETH.Credit Limit PSN when flags CREDIT_VALID, else None
+probe_reply        SACKETH.flags PROBE_REPLY
+grant              MR_CREDIT's CREDITETH: (active, limit PSN, rate Mbit/s); psn = grant seq
 payload            payload bytes (pad and ICRC are the codec's job)
 =================  ===========================================================
 """
@@ -56,7 +65,7 @@ class Placement:
     offset: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Packet:
     opcode: int
     psn: int
@@ -72,6 +81,15 @@ class Packet:
     retx: bool = False
     ts: int = 0
     payload: bytes = field(default=b"", repr=False)
+    path: int = 0
+    sport: int = 0
+    ce: bool = False
+    ecn_echo: bool = False
+    ce_count: int = 0
+    ts_echo: int = 0
+    credit_limit: int | None = None
+    probe_reply: bool = False
+    grant: tuple | None = None
 
 
 def base(opcode: int) -> Opcode:

@@ -7,23 +7,34 @@ The engine never reads a clock or touches a socket. Drive it with ``receive(pkt,
 
 from dataclasses import replace
 
+from metaroce.wire.consts import Opcode
+
 from . import packets as P
 from .mr import MRTable
+from .cc import CCConfig
+from .credits import CreditManager
 from .qp import Mode, QPAttr, QPState, QPStateError, check_transition
 from .requester import Requester
 from .responder import Responder
 from .wr import WC_OF_WR, Completion, RecvWR, SendWR, WcStatus
 
 TEST_BREAKS = {"complete_before_ack", "no_hole_retransmit", "atomic_reexecute"}
+CNP, MR_CREDIT, MR_PROBE = int(Opcode.CNP), int(Opcode.MR_CREDIT), int(Opcode.MR_PROBE)
 
 
 class QueuePair:
     def __init__(self, qpn: int, mode: Mode = Mode.COMPAT, mrs: MRTable | None = None,
-                 min_rto_ns: int = 10_000, _test_break: str | set | None = None):
+                 min_rto_ns: int = 10_000, _test_break: str | set | None = None,
+                 cc: CCConfig | None = None, paths: int = 1,
+                 credits: CreditManager | None = None, seed: int = 0):
+        """``cc``: congestion control (None: PSN window only); ``paths``: MetaRoCE multipath
+        entropy set size (MP-1); ``credits``: the receiving NIC's credit manager, which also
+        turns on the CREDIT capability as a sender (CC-8); ``seed``: entropy choices."""
         breaks = {_test_break} if isinstance(_test_break, str) else set(_test_break or ())
         if breaks - TEST_BREAKS:
             raise ValueError(f"unknown _test_break {breaks - TEST_BREAKS}")
         self.test_breaks = frozenset(breaks)  # deliberately broken behaviour, tests only
+        self.cc_cfg, self.npaths, self.credits, self.seed = cc, paths, credits, seed
         self.mode = mode
         self.attr = QPAttr(qpn=qpn)
         self.state = QPState.RESET
@@ -77,8 +88,20 @@ class QueuePair:
         if pkt.dest_qp != self.attr.qpn or self.state in (QPState.RESET, QPState.INIT,
                                                           QPState.ERR):
             return
+        opc = pkt.opcode
+        if opc == CNP:
+            if self.state in (QPState.RTS, QPState.SQD):
+                self.req.on_cnp(pkt, now)
+            return
+        if opc == MR_CREDIT or opc == MR_PROBE:
+            if self.mode is Mode.METAROCE:
+                if opc == MR_PROBE:
+                    self.resp.on_probe(pkt, now)
+                elif self.state in (QPState.RTS, QPState.SQD):
+                    self.req.on_grant(pkt, now)
+            return
         try:
-            op = P.base(pkt.opcode)
+            op = P.base(opc)
         except ValueError:
             return
         if op in P.REQUESTS:
@@ -87,9 +110,17 @@ class QueuePair:
             self.req.handle(pkt, now)
 
     def next_deadline(self) -> int | None:
-        return self.req.deadline() if self.state in (QPState.RTS, QPState.SQD) else None
+        d = self.req.deadline() if self.state in (QPState.RTS, QPState.SQD) else None
+        s = self.resp.sack_due if self.state in (QPState.RTR, QPState.RTS, QPState.SQD) \
+            else None
+        if s is None:
+            return d
+        return s if d is None else min(d, s)
 
     def on_timer(self, now: int) -> None:
+        if self.resp.sack_due is not None and now >= self.resp.sack_due and \
+                self.state in (QPState.RTR, QPState.RTS, QPState.SQD):
+            self.resp.on_sack_timer(now)
         if self.state in (QPState.RTS, QPState.SQD):
             self.req.on_timer(now)
 
