@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "up": "metaroce.cli.nic:up",
     "down": "metaroce.cli.nic:down",
     "status": "metaroce.cli.nic:status",
+    "sim": "metaroce.cli.sim:sim",
     "fuzz": "metaroce.cli.fuzz:fuzz",
     "stats": "metaroce.cli.nic:stats",
     "qp": "metaroce.cli.qp:qp",

@@ -374,6 +374,7 @@ class Requester:
         probe = self._credit_probe_at()
         if probe is not None and now >= probe:
             self._credit_probe(now)
+            self.pump(now)
         t = self.timeout_ns()
         if self.timer_base is None or t is None or now < self.timer_base + t:
             if self.blocked == "pace" and now >= self.pacer.next_ns:
@@ -404,6 +405,7 @@ class Requester:
         c = self.credit
         c.blocked_since = now
         c.probes += 1
+        c.limit = psnm.add(c.limit, 1)  # CC-9: one new packet may go with the probe
         self.stats["probes"] += 1
         k = self.paths.pick()
         self.qp.emit(P.Packet(int(O.MR_PROBE), self.nxt, self.qp.attr.dest_qpn, ack_req=True,
@@ -578,8 +580,12 @@ class Requester:
             paths.congested(pkt.path)  # MP-3: the path's weight falls with its ECN echoes
         if self.cc is not None:
             self.cc.on_ack(now, acked_bytes, rtt, ecn, self.rto.srtt or 0.0)
-        if self.credit is not None and pkt.credit_limit is not None:
-            self.credit.refresh(pkt.credit_limit, now)
+        if self.credit is not None:
+            if pkt.credit_limit is not None:
+                self.credit.refresh(pkt.credit_limit, now)
+            elif pkt.probe_reply and self.credit.active:
+                self.credit.active = False  # CC-9: the probe's answer says credit mode is off
+                self.credit.last_grant = now
         if typ == AethType.RNR_NAK:
             self._rnr(val, now)
         return bool(newly)
