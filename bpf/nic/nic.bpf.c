@@ -706,7 +706,7 @@ static __always_inline void sack(struct plan *pl, struct nic_qp *qp, u32 syn, u8
  * the whole range is checked (PLACE-2). */
 static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
                                        struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad,
-                                       const struct peth *pe, int *ends, struct plan *pl)
+                                       const struct peth *pe, int *ends, struct plan *pl, u32 d)
 {
     int has_imm = op == RC_RDMA_WRITE_LAST_WITH_IMMEDIATE || op == RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
     int first = op == RC_RDMA_WRITE_FIRST || op == RC_RDMA_WRITE_ONLY ||
@@ -758,7 +758,7 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
         ev.va = rsn;
         ev.len = dmalen;
         ev.imm = imm;
-        ev.flags = 3;
+        ev.flags = 3 | (d == 0 ? 4 : 0);    /* 4: in order, so complete now */
         emit(&ev);
     }
     return RX_PLACED;
@@ -767,7 +767,7 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
 /* MR_SEND_*: PETH.RSN names the receive WQE, PETH.Offset the place in it (PLACE-3). */
 static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt *rp, u32 qpn,
                                       struct nic_qp *qp, u8 op, u32 psn, u32 l4, u32 pad,
-                                      const struct peth *pe, int *ends, struct plan *pl)
+                                      const struct peth *pe, int *ends, struct plan *pl, u32 d)
 {
     int has_imm = op == RC_SEND_LAST_WITH_IMMEDIATE || op == RC_SEND_ONLY_WITH_IMMEDIATE;
     int first = op == RC_SEND_FIRST || op == RC_SEND_ONLY || op == RC_SEND_ONLY_WITH_IMMEDIATE;
@@ -815,7 +815,7 @@ static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt 
         ev.va = rsn;
         ev.len = offset + len;
         ev.imm = imm;
-        ev.flags = has_imm ? 1 : 0;
+        ev.flags = (has_imm ? 1 : 0) | (d == 0 ? 4 : 0);   /* 4: in order, so complete now */
         emit(&ev);
     }
     return RX_PLACED;
@@ -864,9 +864,9 @@ static __always_inline u32 on_mr_request(struct xdp_md *ctx, const struct roce_p
     int ends = 1;
     u32 npsn = 1;
     if (op >= RC_RDMA_WRITE_FIRST && op <= RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE) {
-        reason = on_mr_write(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl);
+        reason = on_mr_write(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl, d);
     } else if (op <= RC_SEND_ONLY_WITH_IMMEDIATE) {
-        reason = on_mr_send(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl);
+        reason = on_mr_send(ctx, rp, qpn, qp, op, psn, l4, pad, &pe, &ends, pl, d);
     } else if (op == RC_RDMA_READ_REQUEST || op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
         if (d) {                              /* executed only at the cumulative PSN (PLACE-5) */
             qp->out_of_sequence++;

@@ -1,6 +1,7 @@
 /* Message segmentation into RoCEv2 frames, built in place in the UMEM. */
 #include <isa-l/crc.h>
 #include <string.h>
+#include <time.h>
 
 #include "roce_tx.h"
 #include "xsk.h"
@@ -14,7 +15,11 @@
 #define ICRC_LEN 4
 #define ROCE_PORT 4791
 #define ACKREQ_EVERY 64        /* AckReq at least every 64 packets of a long message (RESP-1) */
-#define MAX_EXT 28             /* the longest extension header a packet carries here */
+#define PETH_LEN 20
+#define MAX_EXT 48             /* the longest extension headers a packet carries (PETH+AtomicETH) */
+#define MR_OP 0xC0             /* MetaRoCE opcode = MR_OP | the RC opcode of the same meaning */
+#define PETH_RETX 0x80
+#define PETH_ACK_NOW 0x40
 
 enum {
     RC_SEND_FIRST = 0x00,
@@ -156,6 +161,79 @@ uint32_t mr_msg_packets(const struct mr_roce_msg *m)
     return (uint32_t)((m->len + m->pmtu - 1) / m->pmtu);
 }
 
+/* PETH (EXT-5): path, flags, SSN, RSN, this packet's offset in the message, a timestamp. */
+static uint32_t put_peth(uint8_t *p, const struct mr_roce_msg *m, uint64_t off, int ack_now)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    p[0] = m->path;
+    /* a retransmission asks for an immediate SACK: its first copy's SACK may be what was lost */
+    p[1] = m->retx ? PETH_RETX | PETH_ACK_NOW : ack_now ? PETH_ACK_NOW : 0;
+    p[2] = p[3] = 0;
+    put32(p + 4, m->ssn & 0xffffff);
+    put32(p + 8, m->rsn & 0xffffff);
+    put32(p + 12, (uint32_t)off);
+    put32(p + 16, (uint32_t)(ts.tv_sec * 1000000000ull + ts.tv_nsec));
+    return PETH_LEN;
+}
+
+/* Packet idx of message m in MetaRoCE form (spec 5.1): every packet carries a PETH; every WRITE
+ * packet the message's RETH; READ responses carry no AETH (the PETH echoes the SSN). */
+static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+                         uint32_t idx, int first, int last, int imm, uint64_t off,
+                         const uint8_t *payload, uint32_t plen)
+{
+    uint8_t ext[MAX_EXT], op;
+    uint32_t elen;
+    int ackreq = last || (idx + 1) % ACKREQ_EVERY == 0;
+    switch (m->kind) {
+    case MR_MSG_WRITE:
+        op = first && last ? (imm ? RC_RDMA_WRITE_ONLY_IMM : RC_RDMA_WRITE_ONLY)
+           : first ? RC_RDMA_WRITE_FIRST : last ? (imm ? RC_RDMA_WRITE_LAST_IMM : RC_RDMA_WRITE_LAST)
+           : RC_RDMA_WRITE_MIDDLE;
+        elen = put_peth(ext, m, off, 0);
+        put64(ext + elen, m->va);
+        put32(ext + elen + 8, m->rkey);
+        put32(ext + elen + 12, (uint32_t)m->len);
+        elen += RETH_LEN;
+        break;
+    case MR_MSG_SEND:
+        op = first && last ? (imm ? RC_SEND_ONLY_IMM : RC_SEND_ONLY)
+           : first ? RC_SEND_FIRST : last ? (imm ? RC_SEND_LAST_IMM : RC_SEND_LAST) : RC_SEND_MIDDLE;
+        elen = put_peth(ext, m, off, 0);
+        break;
+    case MR_MSG_READ_RESP:
+        op = first && last ? RC_RDMA_READ_RESPONSE_ONLY : first ? RC_RDMA_READ_RESPONSE_FIRST
+           : last ? RC_RDMA_READ_RESPONSE_LAST : RC_RDMA_READ_RESPONSE_MIDDLE;
+        elen = put_peth(ext, m, off, 0);
+        return build(out, f, MR_OP | op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
+    case MR_MSG_READ_REQ:
+        elen = put_peth(ext, m, 0, 0);
+        put64(ext + elen, m->va);
+        put32(ext + elen + 8, m->rkey);
+        put32(ext + elen + 12, (uint32_t)m->len);
+        return build(out, f, MR_OP | RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, elen + RETH_LEN,
+                     NULL, 0);
+    case MR_MSG_CMP_SWAP:
+    case MR_MSG_FETCH_ADD:
+        elen = put_peth(ext, m, 0, 0);
+        put64(ext + elen, m->va);
+        put32(ext + elen + 8, m->rkey);
+        put64(ext + elen + 12, m->swap_add);
+        put64(ext + elen + 20, m->compare);
+        return build(out, f, MR_OP | (m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD),
+                     m->psn0, 1, 0, ext, elen + ATOMICETH_LEN, NULL, 0);
+    default:
+        return 0;
+    }
+    if (imm) {
+        put32(ext + elen, m->imm);
+        elen += 4;
+    }
+    return build(out, f, MR_OP | op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen,
+                 payload, plen);
+}
+
 uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
                        const struct mr_roce_msg *m, const uint8_t *data, uint32_t idx)
 {
@@ -166,12 +244,14 @@ uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
     uint8_t ext[MAX_EXT], op;
     uint32_t elen = 0, plen = 0;
     const uint8_t *payload = NULL;
+    uint64_t off = (uint64_t)idx * m->pmtu;
     if (carries_payload(m)) {
-        uint64_t off = (uint64_t)idx * m->pmtu;
         plen = m->len - off < m->pmtu ? (uint32_t)(m->len - off) : m->pmtu;
         payload = data + off;
     }
     int imm = m->with_imm && last;
+    if (m->metaroce)
+        return build_mr(out, f, m, idx, first, last, imm, off, payload, plen);
     switch (m->kind) {
     case MR_MSG_WRITE:
         op = first && last ? (imm ? RC_RDMA_WRITE_ONLY_IMM : RC_RDMA_WRITE_ONLY)
@@ -223,7 +303,15 @@ uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
 uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
                      const uint8_t *data, uint32_t *next)
 {
+    return mr_send_range(x, f, m, data, next, mr_msg_packets(m));
+}
+
+uint32_t mr_send_range(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+                       const uint8_t *data, uint32_t *next, uint32_t end)
+{
     uint32_t room = mr_xsk_tx_room(x), queued = 0, npkts = mr_msg_packets(m);
+    if (end < npkts)
+        npkts = end;
     while (room-- && *next < npkts) {
         uint32_t cap;
         uint8_t *frame = mr_xsk_tx_frame(x, &cap);

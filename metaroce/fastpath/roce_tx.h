@@ -2,7 +2,8 @@
  * RoCEv2 frames (FIRST/MIDDLE/LAST or ONLY, RETH / ImmDt / AETH where they belong, AckReq on
  * the last request packet and every ACKREQ_EVERY packets), or build one READ request or atomic
  * request, with IP/UDP checksums and the ICRC, written straight into an AF_XDP socket's UMEM
- * and queued in batches. */
+ * and queued in batches. In MetaRoCE mode the same messages use the 0xC0 | opcode forms with a
+ * PETH on every packet and the RETH on every WRITE packet (spec 5.1, PLACE-2). */
 #ifndef METAROCE_ROCE_TX_H
 #define METAROCE_ROCE_TX_H
 
@@ -39,7 +40,7 @@ struct mr_roce_msg {
     uint8_t kind;          /* MR_MSG_* */
     uint8_t with_imm;      /* WRITE / SEND with immediate */
     uint8_t solicited;
-    uint8_t pad;
+    uint8_t metaroce;      /* 1: MetaRoCE opcodes with a PETH on every packet (spec 5.1) */
     uint32_t imm;          /* immediate data (host order; sent big-endian) */
     uint32_t pmtu;
     uint32_t psn0;         /* PSN of the first packet */
@@ -49,6 +50,13 @@ struct mr_roce_msg {
     uint64_t len;          /* payload length (READ_REQ: the DMA length) */
     uint64_t swap_add;     /* atomics */
     uint64_t compare;
+    /* MetaRoCE only (PETH, EXT-5) */
+    uint32_t ssn;          /* the request's send sequence number (responses echo it) */
+    uint32_t rsn;          /* the receive WQE a SEND / WRITE_IMM consumes */
+    uint8_t path;          /* PathID */
+    uint8_t retx;          /* set PETH.RETX on what is sent now */
+    uint16_t pad2;
+    uint32_t pad3;
 };
 
 /* Packets the message takes. */
@@ -63,6 +71,10 @@ uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
  * number queued by this call (0 when the rings are full: reap completions and call again). */
 uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
                      const uint8_t *data, uint32_t *next);
+
+/* Queue packets *next .. end - 1 only (a selective retransmission); as mr_send_msg. */
+uint32_t mr_send_range(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+                       const uint8_t *data, uint32_t *next, uint32_t end);
 
 /* The WRITE-only forms of the two above (kept for their callers). */
 uint32_t mr_send_write(struct mr_xsk *x, const struct mr_roce_flow *f, const uint8_t *data,

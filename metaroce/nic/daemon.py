@@ -96,9 +96,6 @@ class Daemon:
     def __init__(self, dev: DeviceId, mode: str = "roce"):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
-        if mode == "metaroce":
-            raise MetaroceError("--mode metaroce needs the selective-repeat data path, which is not "
-                                "built yet: use --mode roce (RoCEv2 go-back-N)")
         self.dev, self.mode = dev, mode
         self.started = time.time()
         if dev.netns:                    # the daemon lives in its device's namespace

@@ -19,8 +19,8 @@ from ..errors import MetaroceError
 from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
 from .rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
-                 EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
-                 EV_RECV_ERR, QP_COUNTERS, RD_ATOMIC, RD_DEPTH, RD_READ, RQ_DEPTH,
+                 EV_EPSN, EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
+                 EV_RECV_ERR, EV_SACK, QP_COUNTERS, RD_ATOMIC, RD_DEPTH, RD_READ, RQ_DEPTH,
                  MemoryRegion, RxPath)
 
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
@@ -36,6 +36,8 @@ NAK_STATUS = {0x61: WcStatus.REM_INV_REQ_ERR, 0x62: WcStatus.REM_ACCESS_ERR,
 SEND_SIGNALED, SEND_INLINE, SEND_SOLICITED = 2, 8, 4       # IBV_SEND_* values
 MAX_INLINE = 256
 WINDOW_PKTS = 1024       # request packets in flight per QP (go-back-N window)
+MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
+MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
 MAX_MSG = 1 << 31
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
                  "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
@@ -117,9 +119,19 @@ class Qp:
         self.hold_until = 0.0                   # RNR wait
         self.rq_tail = 0
         self.rq_done = 0
+        # MetaRoCE mode (spec 5.2): selective repeat
+        self.metaroce = False
+        self.ssn = 0                            # next request message's SSN
+        self.rsn = 0                            # receive-consuming messages sent so far
+        self.sacked: set[int] = set()           # PSNs the peer SACKed beyond una
+        self.retx: deque[int] = deque()         # PSNs to retransmit, ahead of new data
+        self.retx_sent: set[int] = set()        # retransmitted once for this loss (SACK-5)
+        self.rx_epsn = None                     # the responder's cumulative PSN as last heard
+        self.recv_wait: dict[int, tuple] = {}   # RSN -> (last PSN, WC): completes in order
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
-                      "read_response_packets": 0,
+                      "read_response_packets": 0, "sacks_handled": 0,
+                      "selective_retransmits": 0,
                       "cnp_received": 0}
 
     @property
@@ -230,6 +242,12 @@ class Device:
             raise MetaroceError("remote attributes need qpn, psn and ip") from None
         if not (0 < rqpn <= PSN_MASK and 0 <= rpsn <= PSN_MASK):
             raise MetaroceError("remote qpn/psn must be 24-bit")
+        want = str(attr.get("mode", remote.get("mode", "roce")))
+        if want not in ("roce", "metaroce"):
+            raise MetaroceError(f"mode must be roce or metaroce, not {want!r}")
+        # MetaRoCE only when this device offers it and the peer asks for it (CM-5);
+        # anything else gets plain RoCEv2 behaviour
+        qp.metaroce = self.mode == "metaroce" and want == "metaroce"
         pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)), self.max_pmtu())
         if pmtu not in (256, 512, 1024, 2048, 4096):
             raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)")
@@ -244,15 +262,21 @@ class Device:
                                 dqpn=rqpn, sport=0xC000 | (qp.qpn & 0x3FFF))
         qp.remote = {"qpn": rqpn, "psn": rpsn, "ip": rip, "mac": path.dmac, "mtu": pmtu}
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
-                       rnr_timer=int(attr.get("min_rnr_timer", 12)))
+                       rnr_timer=int(attr.get("min_rnr_timer", 12)), metaroce=qp.metaroce)
+        qp.rx_epsn = rpsn
         qp.state = "RTS"
-        return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu}
+        return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu,
+                "mode": self.qp_mode(qp)}
+
+    @staticmethod
+    def qp_mode(qp: Qp) -> str:
+        return "metaroce" if qp.metaroce else "roce"
 
     def max_pmtu(self) -> int:
         from pyroute2 import IPRoute  # noqa: PLC0415
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-        room = min(mtu, self.xsk.frame_size) - 14 - 40 - 8 - 12 - 28 - 4 - 3
+        room = min(mtu, self.xsk.frame_size) - 14 - 40 - 8 - 12 - MAX_EXT - 4 - 3
         return max(m for m in (256, 512, 1024, 2048, 4096) if m <= room)
 
     def destroy_qp(self, owner, qpn: int) -> None:
@@ -444,6 +468,114 @@ class Device:
                 qp.cursor = (i, pkt)
                 return
 
+    # ---- MetaRoCE selective repeat (SACK-4, SACK-5) ----------------------------------------
+
+    def _wqe_of(self, qp: Qp, psn: int) -> SendWqe | None:
+        for w in qp.sq:
+            if (psn - w.first_psn) & PSN_MASK < w.npkts:
+                return w
+        return None
+
+    def _sent_upto(self, qp: Qp) -> int:
+        """The first PSN not transmitted yet (the cursor's)."""
+        i, pkt = qp.cursor
+        return _add(qp.sq[i].first_psn, pkt) if i < len(qp.sq) else qp.next_psn
+
+    def _on_sack(self, qp: Qp, cum: int, bitmap: int) -> None:
+        """Record what the SACK reports received; retransmit each hole below the highest SACKed
+        PSN once (a lost retransmission is left to the RTO)."""
+        qp.stats["sacks_handled"] += 1
+        highest = None
+        for i in range(128):
+            if bitmap >> (127 - i) & 1:
+                p = _add(cum, 2 + i)
+                qp.sacked.add(p)
+                highest = p
+        if highest is None or not _after(highest, qp.una):
+            return                            # a stale SACK: nothing below it is still open
+        end = self._sent_upto(qp)
+        if _after(highest, end):
+            highest = end                     # never past what was sent
+        p = qp.una
+        while p != highest:
+            if p not in qp.sacked and p not in qp.retx_sent:
+                w = self._wqe_of(qp, p)
+                if w is not None:
+                    p0 = p if w.kind in (MSG_WRITE, MSG_SEND) else w.first_psn
+                    if p0 not in qp.retx_sent:
+                        qp.retx.append(p0)
+                        qp.retx_sent.add(p0)
+            p = _add(p, 1)
+
+    def _rto_selective(self, qp: Qp) -> None:
+        """RTO in MetaRoCE mode: resend every sent, unacknowledged PSN not SACKed (SACK-4)."""
+        qp.retx.clear()
+        qp.retx_sent.clear()
+        end = self._sent_upto(qp)
+        for w in qp.sq:
+            if not _after(end, w.first_psn):
+                break
+            if w.kind in (MSG_WRITE, MSG_SEND):
+                for k in range(w.npkts):
+                    p = _add(w.first_psn, k)
+                    if not _after(end, p):
+                        break
+                    if (_after(p, qp.una) or p == qp.una) and p not in qp.sacked:
+                        qp.retx.append(p)
+                        qp.retx_sent.add(p)
+            elif not w.done:
+                qp.retx.append(w.first_psn)
+                qp.retx_sent.add(w.first_psn)
+
+    def _send_retx(self, qp: Qp) -> int:
+        sent_total = 0
+        nxt = self.ffi.new("uint32_t *")
+        while qp.retx:
+            p = qp.retx[0]
+            w = self._wqe_of(qp, p)
+            if w is None or (not _after(p, qp.una) and p != qp.una) or p in qp.sacked:
+                qp.retx.popleft()                       # acknowledged meanwhile
+                continue
+            idx = (p - w.first_psn) & PSN_MASK if w.kind in (MSG_WRITE, MSG_SEND) else 0
+            nxt[0] = idx
+            w.msg.retx = 1
+            sent = self.c.mr_send_range(self.xsk._x, qp.flow, w.msg, w.data, nxt, idx + 1)
+            w.msg.retx = 0
+            if not sent:
+                sent_total += 1                         # rings full: come back soon
+                break
+            qp.retx.popleft()
+            qp.stats["retransmitted_packets"] += 1
+            qp.stats["selective_retransmits"] += 1
+            sent_total += sent
+        return sent_total
+
+    def _prune_sacked(self, qp: Qp) -> None:
+        if qp.sacked:
+            qp.sacked = {p for p in qp.sacked if _after(p, qp.una)}
+        if qp.retx_sent:
+            qp.retx_sent = {p for p in qp.retx_sent if _after(p, qp.una) or p == qp.una}
+
+    def _release_recvs(self, qp: Qp) -> None:
+        """MetaRoCE receive completions, in RSN order, once the cumulative PSN passed them
+        (PLACE-5)."""
+        while True:
+            ent = qp.recv_wait.get(qp.rq_done & PSN_MASK)
+            if ent is None or qp.rx_epsn is None or not _after(qp.rx_epsn, ent[0]):
+                return
+            del qp.recv_wait[qp.rq_done & PSN_MASK]
+            qp.rq_done += 1
+            self._wc(qp.recv_cq, ent[1])
+
+    def _recv_wc(self, qp: Qp, e, ok: bool) -> dict:
+        wc = {"wr_id": e.wr_id, "qp_num": qp.qpn, "src_qp": qp.remote.get("qpn", 0),
+              "byte_len": e.len, "opcode": "RECV_RDMA_WITH_IMM" if e.flags & 2 else "RECV",
+              "status": 0 if ok else int(WcStatus.LOC_LEN_ERR if e.syndrome == 19 else
+                                         WcStatus.LOC_PROT_ERR)}
+        if e.flags & 1:
+            wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
+        return wc
+
     def on_events(self) -> int:
         n = self.c.mr_evring_poll(self.ring, 0, self._evp)
         evs = self._evp[0]
@@ -460,6 +592,8 @@ class Device:
                     qp.rnr_left = qp.rnr_retry
                     if qp.timeout:
                         qp.deadline = time.monotonic() + qp.timeout
+                    if qp.metaroce:
+                        self._prune_sacked(qp)
                 self._retire(qp)
             elif t == EV_RD_DONE:
                 for w in qp.sq:
@@ -476,16 +610,19 @@ class Device:
                 self._go_back(qp, e.psn)
             elif t == EV_READ_REQUEST:
                 self._answer_read(qp, e)
+            elif t == EV_RECV and qp.metaroce:          # complete in order (PLACE-5)
+                qp.recv_wait[int(e.va) & PSN_MASK] = (e.psn, self._recv_wc(qp, e, True))
+                if e.flags & 4:                            # it arrived in order
+                    qp.rx_epsn = _add(e.psn, 1)
+                self._release_recvs(qp)
+            elif t == EV_EPSN:
+                qp.rx_epsn = e.psn
+                self._release_recvs(qp)
+            elif t == EV_SACK:
+                self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
-                wc = {"wr_id": e.wr_id, "qp_num": qp.qpn, "src_qp": qp.remote.get("qpn", 0),
-                      "byte_len": e.len, "opcode": "RECV_RDMA_WITH_IMM" if e.flags & 2 else "RECV",
-                      "status": 0 if t == EV_RECV else int(WcStatus.LOC_LEN_ERR
-                                                            if e.syndrome == 19 else
-                                                            WcStatus.LOC_PROT_ERR)}
-                if e.flags & 1:
-                    wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
-                self._wc(qp.recv_cq, wc)
+                self._wc(qp.recv_cq, self._recv_wc(qp, e, t == EV_RECV))
             elif t == EV_QP_ERROR:
                 qp.state = "ERR"
             elif t == EV_CNP:
@@ -518,6 +655,8 @@ class Device:
         mr, _, ptr = ent
         m = self.ffi.new("struct mr_roce_msg *")
         m.kind, m.pmtu, m.psn0, m.msn, m.len = MSG_READ_RESP, qp.pmtu, e.psn, e.msn, e.len
+        if qp.metaroce:                      # PETH echoes the request's SSN (PLACE-4)
+            m.metaroce, m.ssn = 1, e.imm
         self.responses.append([qp, m, ptr + (e.va - mr.addr) if e.len else self.ffi.NULL, 0])
 
     # ---- transmit ----------------------------------------------------------------------
@@ -536,6 +675,13 @@ class Device:
                 qp.rd_open += 1
             qp.pending.popleft()
             w.first_psn = w.msg.psn0 = qp.next_psn
+            if qp.metaroce:                  # PETH numbering, in sending order (EXT-5)
+                w.msg.metaroce = 1
+                w.msg.ssn = qp.ssn
+                w.msg.rsn = qp.rsn & PSN_MASK
+                qp.ssn = _add(qp.ssn, 1)
+                if w.kind == MSG_SEND or (w.kind == MSG_WRITE and w.msg.with_imm):
+                    qp.rsn += 1
             qp.next_psn = _add(qp.next_psn, w.npkts)
             qp.sq.append(w)
             self.rx.set_sq_psn(qp.qpn, qp.next_psn)
@@ -570,10 +716,15 @@ class Device:
                 if qp.retries_left < 0:
                     self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
                     continue
-                self._go_back(qp, qp.una)
+                if qp.metaroce:
+                    self._rto_selective(qp)
+                else:
+                    self._go_back(qp, qp.una)
                 qp.deadline = now + qp.timeout
             if now < qp.hold_until:
                 continue
+            if qp.retx:
+                busy += self._send_retx(qp)
             busy += self._send_qp(qp, now)
         return busy + self.xsk.in_flight()
 
@@ -584,11 +735,17 @@ class Device:
         while i < len(qp.sq):
             w = qp.sq[i]
             psn = _add(w.first_psn, pkt)
-            if (psn - qp.una) & PSN_MASK >= WINDOW_PKTS and qp.una != w.first_psn:
-                break                                   # window full
+            ahead = (psn - qp.una) & PSN_MASK
+            window = MR_WINDOW_PKTS if qp.metaroce else WINDOW_PKTS
+            if ahead >= PSN_HALF:
+                ahead = 0                               # behind una (after a go-back)
+            if ahead >= window:
+                break                                   # window full (MetaRoCE: the responder
+                                                        # would not record it, SACK-1)
             total = w.npkts if w.kind in (MSG_WRITE, MSG_SEND) else 1
             nxt[0] = pkt
-            sent = self.c.mr_send_msg(self.xsk._x, qp.flow, w.msg, w.data, nxt)
+            sent = self.c.mr_send_range(self.xsk._x, qp.flow, w.msg, w.data, nxt,
+                                        min(total, pkt + window - ahead))
             qp.stats["sent_packets"] += sent
             queued += sent
             pkt = nxt[0]
@@ -623,7 +780,7 @@ class Device:
 
     def qp_stats(self, qp: Qp) -> dict:
         st = self.rx.qp_state(qp.qpn) if qp.state in ("RTS", "ERR") else {}
-        out = {"qpn": qp.qpn, "state": qp.state, "mode": self.mode, "remote": qp.remote,
+        out = {"qpn": qp.qpn, "state": qp.state, "mode": self.qp_mode(qp), "remote": qp.remote,
                "sq_outstanding": len(qp.sq) + len(qp.pending), "window_pkts": qp.in_flight_pkts}
         out.update({k: st.get(k, 0) for k in QP_COUNTERS})
         out.update(qp.stats)

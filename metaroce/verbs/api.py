@@ -275,9 +275,12 @@ class QP:
         self.state = "INIT"
 
     def to_rtr(self, remote: dict, **attr) -> None:
-        """Remote attributes: qpn, psn, ip (or gid), optionally mtu."""
+        """Remote attributes: qpn, psn, ip (or gid), optionally mtu and mode (what the peer's
+        device offers: "metaroce" selects MetaRoCE mode when this device offers it too; a peer
+        that says nothing gets plain RoCEv2)."""
         self._remote = {"qpn": remote["qpn"], "psn": remote["psn"],
-                        "ip": remote.get("ip") or remote.get("gid"), "mtu": remote.get("mtu", 1024)}
+                        "ip": remote.get("ip") or remote.get("gid"), "mtu": remote.get("mtu", 1024),
+                        "mode": remote.get("mode", "roce")}
         self._attr = attr
         self.state = "RTR"
 

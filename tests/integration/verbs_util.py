@@ -17,12 +17,12 @@ def ip_of(view, host: str, v6: bool = False) -> str:
 
 
 @contextmanager
-def daemons(view, hosts=("h1", "h2")):
+def daemons(view, hosts=("h1", "h2"), mode="roce"):
     devs = [d.DeviceId("eth0", view.plan.node(h).netns) for h in hosts]
     started = []
     try:
         for dev in devs:
-            d.start_background(dev)
+            d.start_background(dev, mode)
             started.append(dev)
         yield devs
     finally:
@@ -44,9 +44,9 @@ class End:
         self.qp = QP(self.pd, QPInitAttr(self.cq, self.cq))
 
 
-def connect(a: End, b: End, ip_a: str, ip_b: str, **attr) -> None:
-    a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip_b}, **attr)
-    b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip_a}, **attr)
+def connect(a: End, b: End, ip_a: str, ip_b: str, mode: str = "roce", **attr) -> None:
+    a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip_b, "mode": mode}, **attr)
+    b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip_a, "mode": mode}, **attr)
 
 
 def lab_pair(name: str):
