@@ -65,19 +65,19 @@ def _stream(a: _Host, opcode: str, total: int, bar, remote_off: int, local_off: 
     return time.monotonic() - t0
 
 
-def _run(view) -> dict:
+def _run(view, mode: str) -> dict:
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
     devs = [nicd.DeviceId("eth0", h.netns) for h in (h1, h2)]
     started = []
     try:
         for dev in devs:
-            st = nicd.start_background(dev, "roce")
+            st = nicd.start_background(dev, mode)
             started.append(dev)
         c1, c2 = Context("eth0", h1.netns), Context("eth0", h2.netns)
         a, b = _Host(c1, 2 * TOTAL), _Host(c2, TOTAL + SENDS * SEND_BYTES + 4096)
         ip1, ip2 = (h.iface("eth0").ipv4.split("/")[0] for h in (h1, h2))
-        a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2})
-        b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1})
+        a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode})
+        b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode})
         data = os.urandom(TOTAL)
         a.mr.write(data)
         want = hashlib.sha256(data).digest()
@@ -129,7 +129,8 @@ def _run(view) -> dict:
             except MetaroceError as exc:     # a daemon that died: its log says why
                 log(f"demo: {exc}; see {dev.log_path}")
     verified = TOTAL * (write_ok + read_ok) + SENDS * SEND_BYTES * send_ok + 8 * 101 * atomic_ok
-    return {"xdp_mode": st["xdp_mode"], "mode": st["mode"], "bytes_verified": verified,
+    return {"xdp_mode": st["xdp_mode"], "mode": qp["mode"], "device_mode": st["mode"],
+            "bytes_verified": verified,
             "data_ok": write_ok and read_ok and send_ok and atomic_ok,
             "write_ok": write_ok, "read_ok": read_ok, "send_ok": send_ok, "atomic_ok": atomic_ok,
             "write_bw_bps": round(TOTAL * 8 / write_s), "read_bw_bps": round(TOTAL * 8 / read_s),
@@ -141,8 +142,11 @@ def _run(view) -> dict:
 
 
 @click.command()
+@click.option("--mode", type=click.Choice(["metaroce", "roce"]), default="metaroce",
+              show_default=True, help="metaroce: selective repeat with SACK (spec 5); roce: "
+              "RoCEv2 go-back-N.")
 @json_option
-def demo(as_json):
+def demo(mode, as_json):
     """Two-host lab, XDP RDMA NICs on both; WRITE, READ back, SEND/RECV and atomics; verify."""
     core.preflight()
     if DEMO_LAB in core.state.names() or core.namespaces_of(DEMO_LAB):
@@ -153,7 +157,7 @@ def demo(as_json):
     up_s = time.monotonic() - t0
     try:
         view = core.LabView(DEMO_LAB)
-        res = _run(view)
+        res = _run(view, mode)
         after = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
     finally:
         core.down(DEMO_LAB)
@@ -168,7 +172,9 @@ def demo(as_json):
     line = "-" * 86
     click.echo(line)
     click.echo("                    RDMA_Write / RDMA_Read BW Test (MetaRoCE demo: h1 <-> h2)")
-    click.echo(f" Mode            : {res['mode']} (RoCEv2 RC, go-back-N)   XDP: {res['xdp_mode']}")
+    how = ("MetaRoCE: selective repeat, SACK, placement on arrival" if res["mode"] == "metaroce"
+           else "RoCEv2 RC, go-back-N")
+    click.echo(f" Mode            : {res['mode']} ({how})   XDP: {res['xdp_mode']}")
     click.echo(f" Transport       : AF_XDP (copy mode) on veth, PMTU {res['pmtu']}, "
                f"placement + ACK in XDP")
     click.echo(f" Outstanding     : {DEPTH} work requests of {MSG} bytes")

@@ -119,6 +119,7 @@ class Qp:
         self.hold_until = 0.0                   # RNR wait
         self.rq_tail = 0
         self.rq_done = 0
+        self.rq_wr_ids: deque[int] = deque()    # posted, not completed receives (in order)
         # MetaRoCE mode (spec 5.2): selective repeat
         self.metaroce = False
         self.ssn = 0                            # next request message's SSN
@@ -413,6 +414,7 @@ class Device:
             self.rx.post_recv(qpn, qp.rq_tail, int(wr.get("wr_id", 0)), int(sg[0][0]),
                               int(sg[0][2]), int(sg[0][1]))
             qp.rq_tail += 1
+            qp.rq_wr_ids.append(int(wr.get("wr_id", 0)))
 
     # ---- completions -------------------------------------------------------------------
 
@@ -454,6 +456,11 @@ class Device:
                 self._wc(qp.send_cq, {"wr_id": w.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
                                       "opcode": WC_OPCODE[w.kind], "qp_num": qp.qpn,
                                       "byte_len": 0})
+        for wr_id in qp.rq_wr_ids:          # posted receives are flushed too (ERR-1)
+            self._wc(qp.recv_cq, {"wr_id": wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
+                                  "opcode": "RECV", "qp_num": qp.qpn, "byte_len": 0})
+        qp.rq_wr_ids.clear()
+        qp.recv_wait.clear()
         qp.sq.clear()
         qp.pending.clear()
         qp.deadline = None
@@ -565,6 +572,8 @@ class Device:
                 return
             del qp.recv_wait[qp.rq_done & PSN_MASK]
             qp.rq_done += 1
+            if qp.rq_wr_ids:
+                qp.rq_wr_ids.popleft()
             self._wc(qp.recv_cq, ent[1])
 
     def _recv_wc(self, qp: Qp, e, ok: bool) -> dict:
@@ -622,6 +631,8 @@ class Device:
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
+                if qp.rq_wr_ids:
+                    qp.rq_wr_ids.popleft()
                 self._wc(qp.recv_cq, self._recv_wc(qp, e, t == EV_RECV))
             elif t == EV_QP_ERROR:
                 qp.state = "ERR"

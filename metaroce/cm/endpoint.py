@@ -1,0 +1,268 @@
+"""`metaroce.cm`: connect RC QPs between hosts by address, as RDMA-CM does for verbs
+applications. The initiator sends CONNECT_REQ over a TCP side channel (CM-2), the target
+allocates a QP (CM-4), negotiates the mode (CM-5, CM-6) and answers CONNECT_REP (or REJECT), the
+initiator brings its QP to RTS and confirms with READY; DISCONNECT tears both sides down (CM-9).
+Private data (up to 192 bytes) rides along, e.g. an MR's rkey and address for a benchmark."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import secrets
+import socket
+
+from ..verbs import CQ, PD, QP, Context, QPCap, QPInitAttr
+from ..wire import consts as C
+from ..wire.headers import CMETH
+from . import negotiate as N
+from .channel import Channel, CmError, tcp_socket
+
+DEFAULT_PORT = 18515             # perftest's default port, the customary RDMA test port
+READY_TIMEOUT_S = 1.0            # CM-4
+
+
+def _family(ip: str) -> int:
+    return socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+
+
+def _local_ip(qp: QP, family: int) -> str:
+    want = 6 if family == socket.AF_INET6 else 4
+    for a in qp.attrs.get("addrs") or []:
+        if ipaddress.ip_address(a).version == want:
+            return a
+    raise CmError(f"the device has no IPv{want} address")
+
+
+class Connection:
+    """A connected RC QP and its side channel. `mode` is "metaroce" or "roce"; `remote` holds
+    the peer's qpn, psn, ip and mtu; `private_data` is what the peer sent."""
+
+    def __init__(self, ctx: Context, qp: QP, channel: Channel, mode: str, caps: int,
+                 remote: dict, private_data: bytes, txn_id: int):
+        self.ctx, self.qp, self.channel = ctx, qp, channel
+        self.mode, self.caps, self.remote = mode, caps, remote
+        self.private_data, self.txn_id = private_data, txn_id
+        self.closed = False
+
+    def _disconnect_msg(self) -> CMETH:
+        return CMETH(cm_type=C.CmType.DISCONNECT, txn_id=self.txn_id, qpn=self.qp.qp_num,
+                     start_psn=0)
+
+    def wait_disconnect(self, timeout_s: float | None = None) -> bool:
+        """Wait for the peer's DISCONNECT; answer it and tear down (the QP's outstanding work
+        requests complete with flush errors). False on timeout."""
+        while True:
+            try:
+                got = self.channel.recv(timeout_s)
+            except CmError:
+                got = (self._disconnect_msg(), b"")     # the peer went away: same effect
+            if got is None:
+                return False
+            if got[0].cm_type == C.CmType.DISCONNECT:
+                try:
+                    self.channel.send(self._disconnect_msg())
+                except CmError:
+                    pass
+                self._teardown()
+                return True
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Send DISCONNECT, wait briefly for the answer, destroy the QP."""
+        if self.closed:
+            return
+        try:
+            self.channel.send(self._disconnect_msg())
+            self.channel.recv(timeout_s)
+        except CmError:
+            pass
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.channel.close()
+            self.qp.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict) -> CMETH:
+    return CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn,
+                 caps=caps, mtu=N.MTU_CODE[mtu], max_paths=1,
+                 timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
+                 rnr_retry=attr.get("rnr_retry", 7), max_rd_atomic=16, max_dest_rd_atomic=16,
+                 min_rnr_timer=attr.get("min_rnr_timer", 12),
+                 window_pkts=127 if caps else 0, gid=gid)
+
+
+def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
+            recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
+            mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
+            **attr) -> Connection:
+    """Connect to a listener at ip:port. mode: what to ask for (default: what the device
+    offers); mandatory: fail instead of falling back to RoCEv2 (CM-6)."""
+    try:
+        family = _family(ip)
+    except ValueError:
+        raise CmError(f"{ip!r} is not an IP address") from None
+    device_mode = ctx.query_device()["mode"]
+    want = mode or device_mode
+    if want not in ("roce", "metaroce"):
+        raise CmError(f"mode must be roce or metaroce, not {want!r}")
+    if want == "metaroce" and device_mode != "metaroce":
+        if mandatory:
+            raise CmError("MetaRoCE mode is required but this device offers only roce "
+                          "(metaroce up --mode metaroce)")
+        want = "roce"
+    s = tcp_socket(ctx.dev.netns, family)
+    s.settimeout(timeout_s)
+    try:
+        s.connect((ip, port))
+    except ConnectionRefusedError:
+        s.close()
+        raise CmError(f"connection refused: nothing listens on {ip} port {port}") from None
+    except (socket.timeout, TimeoutError):
+        s.close()
+        raise CmError(f"unreachable: no answer from {ip} port {port} within {timeout_s} s") \
+            from None
+    except OSError as exc:
+        s.close()
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            raise CmError(f"unreachable: {ip} ({exc.strerror})") from None
+        raise CmError(f"cannot reach {ip} port {port}: {exc.strerror}") from None
+    s.settimeout(None)
+    ch = Channel(s, f"{ip} port {port}")
+    qp = QP(pd, QPInitAttr(send_cq, recv_cq or send_cq, cap or QPCap()))
+    try:
+        local_mtu = ctx.query_device()["max_pmtu"]
+        txn = secrets.randbits(32)
+        req = _request(qp, txn, N.offer(want), local_mtu, N.gid_of(_local_ip(qp, family)), attr)
+        ch.send(req, private_data)
+        got = ch.recv(timeout_s)
+        if got is None:
+            raise CmError(f"{ip} port {port} did not answer the connection request within "
+                          f"{timeout_s} s")
+        rep, private = got
+        if rep.txn_id != txn:
+            raise CmError(f"{ip} port {port} answered another transaction")
+        if rep.cm_type == C.CmType.REJECT:
+            raise CmError(f"{ip} port {port} rejected the connection: "
+                          f"{N.REJECT_TEXT.get(rep.reject_reason, rep.reject_reason)}")
+        if rep.cm_type != C.CmType.CONNECT_REP:
+            raise CmError(f"{ip} port {port} answered with CM type {rep.cm_type}")
+        if rep.caps & ~req.caps:
+            _reject(ch, rep, C.CmReject.INVALID_PARAMS)
+            raise CmError(f"{ip} port {port} accepted capabilities that were not offered")
+        got_mode = N.mode_of(rep.caps)
+        if mandatory and want == "metaroce" and got_mode != "metaroce":
+            _reject(ch, rep, C.CmReject.UNSUPPORTED_CAPS)
+            raise CmError(f"incompatible: {ip} does not offer MetaRoCE mode, which was required")
+        remote = {"qpn": rep.qpn, "psn": rep.start_psn, "ip": N.ip_of(rep.gid),
+                  "mtu": N.path_mtu(local_mtu, rep.mtu), "mode": got_mode}
+        qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
+                   rnr_retry=attr.get("rnr_retry", 7))
+        ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn))
+        return Connection(ctx, qp, ch, got_mode, rep.caps, remote, private, txn)
+    except BaseException:
+        ch.close()
+        qp.close()
+        raise
+
+
+def _reject(ch: Channel, req: CMETH, reason: int) -> None:
+    try:
+        ch.send(CMETH(cm_type=C.CmType.REJECT, txn_id=req.txn_id, qpn=0, start_psn=0,
+                      reject_reason=int(reason)))
+    except CmError:
+        pass
+
+
+class Listener:
+    """A bound side channel in the device's namespace; `accept` makes one Connection."""
+
+    def __init__(self, ctx: Context, port: int = DEFAULT_PORT, host: str | None = None,
+                 family: int = socket.AF_INET6):
+        self.ctx = ctx
+        if host:
+            family = _family(host)
+        self.sock = tcp_socket(ctx.dev.netns, family)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # v4 and v6
+        try:
+            self.sock.bind((host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
+        except OSError as exc:
+            self.sock.close()
+            raise CmError(f"cannot listen on port {port}: {exc.strerror}") from None
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+
+    def accept(self, *, pd: PD, send_cq: CQ, recv_cq: CQ | None = None,
+               cap: QPCap | None = None, private_data: bytes = b"", timeout_s: float | None = None,
+               allow_metaroce: bool = True, **attr) -> Connection:
+        self.sock.settimeout(timeout_s)
+        try:
+            s, addr = self.sock.accept()
+        except (socket.timeout, TimeoutError):
+            raise CmError(f"no connection request within {timeout_s} s") from None
+        s.settimeout(None)
+        peer = addr[0].removeprefix("::ffff:")
+        ch = Channel(s, peer)
+        qp = None
+        try:
+            got = ch.recv(timeout_s if timeout_s else 10.0)
+            if got is None:
+                raise CmError(f"{peer} sent no connection request")
+            req, private = got
+            if req.cm_type != C.CmType.CONNECT_REQ:
+                raise CmError(f"{peer} sent CM type {req.cm_type} instead of CONNECT_REQ")
+            device_mode = self.ctx.query_device()["mode"]
+            try:
+                caps = N.accept(req, device_mode, allow_metaroce)
+            except N.Rejected as exc:
+                _reject(ch, req, exc.reason)
+                raise CmError(f"rejected {peer}: {exc}") from None
+            try:
+                qp = QP(pd, QPInitAttr(send_cq, recv_cq or send_cq, cap or QPCap()))
+            except Exception as exc:
+                _reject(ch, req, C.CmReject.NO_RESOURCES)
+                raise CmError(f"rejected {peer}: no QP ({exc})") from None
+            mode = N.mode_of(caps)
+            local_mtu = self.ctx.query_device()["max_pmtu"]
+            remote = {"qpn": req.qpn, "psn": req.start_psn, "ip": N.ip_of(req.gid),
+                      "mtu": N.path_mtu(local_mtu, req.mtu), "mode": mode}
+            family = _family(remote["ip"])
+            qp.connect(remote, timeout=attr.get("timeout", 14),
+                       retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7))
+            rep = CMETH(cm_type=C.CmType.CONNECT_REP, txn_id=req.txn_id, qpn=qp.qp_num,
+                        start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=1,
+                        max_rd_atomic=16, max_dest_rd_atomic=16,
+                        window_pkts=127 if caps else 0, gid=N.gid_of(_local_ip(qp, family)))
+            ch.send(rep, private_data)
+            ready = ch.recv(READY_TIMEOUT_S)
+            if ready is None or ready[0].cm_type != C.CmType.READY or \
+                    ready[0].txn_id != req.txn_id:
+                raise CmError(f"{peer} did not confirm the connection (no READY)")
+            return Connection(self.ctx, qp, ch, mode, caps, remote, private, req.txn_id)
+        except BaseException:
+            ch.close()
+            if qp is not None:
+                qp.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def listen(ctx: Context, port: int = DEFAULT_PORT, host: str | None = None) -> Listener:
+    return Listener(ctx, port, host)

@@ -1,0 +1,84 @@
+"""The pure parts of connection management (spec section 6): what an initiator offers, what a
+target accepts (CM-5, CM-6), which CONNECT_REQs are invalid (CM-10), and the mode a set of
+accepted capabilities means. No I/O: tested without a network."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from ..wire import consts as C
+from ..wire.headers import CMETH
+
+METAROCE_CAPS = int(C.Cap.SACK | C.Cap.PLACEMENT)     # the mandatory pair of MetaRoCE mode
+SUPPORTED_CAPS = METAROCE_CAPS                         # what this implementation can accept
+MTU_CODE = {v: k for k, v in C.MTU_CODES.items()}
+
+
+class Rejected(Exception):
+    """A CONNECT_REQ the target must refuse; `reason` is a CmReject code."""
+
+    def __init__(self, reason: int, why: str):
+        super().__init__(why)
+        self.reason = reason
+
+
+def mode_of(caps: int) -> str:
+    """MetaRoCE mode iff SACK and PLACEMENT were both accepted (CM-5)."""
+    return "metaroce" if caps & METAROCE_CAPS == METAROCE_CAPS else "roce"
+
+
+def offer(mode: str) -> int:
+    """The caps an initiator offers for the mode it wants."""
+    return METAROCE_CAPS if mode == "metaroce" else 0
+
+
+def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
+           mandatory: bool = False) -> int:
+    """The caps a target answers (CM-5: offered AND supported AND permitted; unknown bits are
+    cleared, never echoed). A target that cannot do MetaRoCE answers compat (0) unless the
+    initiator marked MetaRoCE mandatory, then it rejects with UNSUPPORTED_CAPS (CM-6)."""
+    validate(req)
+    supported = SUPPORTED_CAPS if device_mode == "metaroce" and policy_allows else 0
+    caps = req.caps & supported & C.CAPS_DEFINED
+    if caps & METAROCE_CAPS != METAROCE_CAPS:
+        caps &= ~METAROCE_CAPS                   # half of the pair is no MetaRoCE mode
+    if mandatory and mode_of(caps) != "metaroce":
+        raise Rejected(C.CmReject.UNSUPPORTED_CAPS, "MetaRoCE mode was required and is not "
+                       "offered by this device")
+    return caps
+
+
+def validate(req: CMETH) -> None:
+    """CM-10: the fields a target refuses with INVALID_PARAMS, and the version (CM-6)."""
+    if req.version != C.CM_VERSION:
+        raise Rejected(C.CmReject.BAD_VERSION, f"CMETH version {req.version} is not "
+                       f"{C.CM_VERSION}")
+    if req.mtu not in C.MTU_CODES:
+        raise Rejected(C.CmReject.INVALID_PARAMS, f"MTU code {req.mtu} is not 1-5")
+    if req.caps & C.Cap.MULTIPATH and not 1 <= req.max_paths <= C.MAX_PATHS:
+        raise Rejected(C.CmReject.INVALID_PARAMS, f"max_paths {req.max_paths} is not "
+                       f"1-{C.MAX_PATHS}")
+
+
+def gid_of(ip: str) -> bytes:
+    """WIRE-12: an IPv6 address, or the IPv4-mapped form of an IPv4 address."""
+    a = ipaddress.ip_address(ip)
+    if a.version == 4:
+        return ipaddress.IPv6Address(f"::ffff:{a}").packed
+    return a.packed
+
+
+def ip_of(gid: bytes) -> str:
+    a = ipaddress.IPv6Address(gid)
+    return str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
+
+
+def path_mtu(local_bytes: int, remote_code: int) -> int:
+    """CM-1: the connection's path MTU is the smaller of the two."""
+    return min(local_bytes, C.MTU_CODES[remote_code])
+
+
+REJECT_TEXT = {C.CmReject.NO_RESOURCES: "no resources", C.CmReject.BAD_VERSION: "bad version",
+               C.CmReject.UNSUPPORTED_CAPS: "incompatible: MetaRoCE mode required but not offered",
+               C.CmReject.INVALID_PARAMS: "invalid parameters",
+               C.CmReject.CONSUMER_REJECT: "rejected by the application"}

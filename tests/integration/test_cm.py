@@ -1,0 +1,132 @@
+"""metaroce.cm over a real lab pair: CONNECT_REQ / REP / READY on a TCP side channel (CM-2),
+the target allocating its QP on the request (CM-4), mode negotiation (CM-5, CM-6: MetaRoCE when
+both devices offer it, RoCEv2 otherwise, a mandatory request failing cleanly), private data,
+data moving over the connected QPs, DISCONNECT flushing the peer (CM-9), and clear errors for
+refused, unreachable and incompatible peers."""
+
+import os
+import threading
+
+import pytest
+from verbs_util import ip_of, lab_pair
+
+from metaroce import cm
+from metaroce.nic import daemon as d
+from metaroce.verbs import (CQ, MR, PD, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ,
+                            IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR,
+                            IBV_WR_RDMA_WRITE, Context, RecvWR, SendWR)
+
+ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+
+
+@pytest.fixture(scope="module")
+def lab(module_lab_name):
+    from metaroce.lab import core
+    view = lab_pair(module_lab_name)
+    try:
+        yield view
+    finally:
+        core.down(module_lab_name)
+
+
+class Side:
+    def __init__(self, view, host, mode):
+        self.dev = d.DeviceId("eth0", view.plan.node(host).netns)
+        d.start_background(self.dev, mode)
+        self.ctx = Context("eth0", self.dev.netns)
+        self.pd = PD(self.ctx)
+        self.mr = MR(self.pd, 1 << 20, ACCESS)
+        self.cq = CQ(self.ctx)
+
+    def close(self):
+        self.ctx.close()
+        d.stop(self.dev)
+
+
+@pytest.fixture(scope="module")
+def sides(lab):
+    """Both devices offer MetaRoCE; a test may restart one with another mode."""
+    a, b = Side(lab, "h1", "metaroce"), Side(lab, "h2", "metaroce")
+    yield lab, a, b
+    a.close()
+    b.close()
+
+
+def serve(b, out, port, **kw):
+    try:
+        with cm.listen(b.ctx, port) as lis:
+            out["conn"] = lis.accept(pd=b.pd, send_cq=b.cq, timeout_s=10,
+                                     private_data=b"srv:" + b.mr.rkey.to_bytes(4, "big"), **kw)
+    except Exception as exc:  # noqa: BLE001 (handed to the test)
+        out["error"] = exc
+
+
+def connect_pair(view, a, b, port, v6=False, **kw):
+    out = {}
+    t = threading.Thread(target=serve, args=(b, out, port))
+    t.start()
+    try:
+        for _ in range(50):                      # until the listener is bound
+            try:
+                conn = cm.connect(a.ctx, ip_of(view, "h2", v6), port, pd=a.pd, send_cq=a.cq,
+                                  private_data=b"hello", **kw)
+                break
+            except cm.CmError as exc:
+                if "refused" not in str(exc):
+                    raise
+                import time
+                time.sleep(0.05)
+    finally:
+        t.join(15)
+    return conn, out
+
+
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
+    view, a, b = sides
+    ca, out = connect_pair(view, a, b, 18600 + v6, v6=v6)
+    cb = out["conn"]
+    assert ca.mode == cb.mode == "metaroce" and ca.caps == cb.caps == 3
+    assert ca.private_data[:4] == b"srv:" and cb.private_data == b"hello"
+    assert ca.remote["qpn"] == cb.qp.qp_num and cb.remote["qpn"] == ca.qp.qp_num
+    assert ca.qp.query()["mode"] == cb.qp.query()["mode"] == "metaroce"
+    rkey = int.from_bytes(ca.private_data[4:8], "big")
+    data = os.urandom(300000)
+    a.mr.write(data)
+    ca.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, len(data))],
+                           remote_addr=b.mr.addr, rkey=rkey))
+    assert a.cq.wait(1)[0].status == IBV_WC_SUCCESS
+    assert b.mr.read(len(data)) == data
+    # CM-9: DISCONNECT moves the peer's QP to ERR: its posted receive is flushed
+    cb.qp.post_recv(RecvWR(wr_id=77, sg_list=[b.mr.sge(0, 64)]))
+    t = threading.Thread(target=cb.wait_disconnect, args=(5,))
+    t.start()
+    ca.close()
+    t.join(10)
+    assert cb.closed
+    wc = b.cq.wait(1)[0]
+    assert (wc.wr_id, wc.status) == (77, IBV_WC_WR_FLUSH_ERR)
+
+
+def test_a_compat_target_yields_roce_and_mandatory_fails(sides):
+    view, a, b = sides
+    b.close()
+    b.__init__(view, "h2", "roce")              # h2's device now offers RoCEv2 only
+    ca, out = connect_pair(view, a, b, 18610)
+    assert ca.mode == out["conn"].mode == "roce" and ca.caps == 0
+    assert ca.qp.query()["mode"] == "roce"
+    ca.close()
+    out["conn"].close()
+    with pytest.raises(cm.CmError, match="incompatible"):
+        connect_pair(view, a, b, 18611, mandatory=True)
+
+
+def test_refused_unreachable_and_bad_arguments(sides):
+    view, a, b = sides
+    with pytest.raises(cm.CmError, match="refused"):
+        cm.connect(a.ctx, ip_of(view, "h2"), 18620, pd=a.pd, send_cq=a.cq, timeout_s=2)
+    with pytest.raises(cm.CmError, match="unreachable"):
+        cm.connect(a.ctx, "10.0.0.77", 18620, pd=a.pd, send_cq=a.cq, timeout_s=1)
+    with pytest.raises(cm.CmError, match="not an IP address"):
+        cm.connect(a.ctx, "h2", 18620, pd=a.pd, send_cq=a.cq)
+    assert a.ctx.status()["qps"] == []             # nothing left behind by the failures

@@ -1,0 +1,58 @@
+"""Connection-management rules without a network: capability negotiation (CM-5, CM-6),
+request validation (CM-10), GIDs (WIRE-12), path MTU (CM-1)."""
+
+import pytest
+
+from metaroce.cm import negotiate as N
+from metaroce.wire import consts as C
+from metaroce.wire.headers import CMETH
+
+Cap = C.Cap
+
+
+def req(**kw):
+    base = dict(cm_type=C.CmType.CONNECT_REQ, txn_id=7, qpn=0x12, start_psn=5, mtu=3)
+    return CMETH(**{**base, **kw})
+
+
+@pytest.mark.parametrize("offered", range(0, 64))
+def test_answer_is_the_and_of_offer_and_support(offered):
+    """CM-5: offered AND supported; MetaRoCE iff both SACK and PLACEMENT survive."""
+    got = N.accept(req(caps=offered, max_paths=1), "metaroce")
+    assert got == offered & N.SUPPORTED_CAPS if offered & 3 == 3 else got == 0
+    assert N.mode_of(got) == ("metaroce" if offered & 3 == 3 else "roce")
+
+
+def test_unknown_bits_are_cleared_not_echoed():
+    got = N.accept(req(caps=0xFFFF0000 | Cap.SACK | Cap.PLACEMENT), "metaroce")
+    assert got == Cap.SACK | Cap.PLACEMENT
+
+
+def test_compat_target_answers_compat_unless_mandatory():
+    """CM-6: caps = 0 rather than REJECT; REJECT 3 only when MetaRoCE was required."""
+    assert N.accept(req(caps=Cap.SACK | Cap.PLACEMENT), "roce") == 0
+    assert N.accept(req(caps=Cap.SACK | Cap.PLACEMENT), "metaroce", policy_allows=False) == 0
+    with pytest.raises(N.Rejected) as e:
+        N.accept(req(caps=Cap.SACK | Cap.PLACEMENT), "roce", mandatory=True)
+    assert e.value.reason == C.CmReject.UNSUPPORTED_CAPS
+
+
+@pytest.mark.parametrize("fields,reason", [
+    ({"mtu": 0}, C.CmReject.INVALID_PARAMS), ({"mtu": 6}, C.CmReject.INVALID_PARAMS),
+    ({"caps": Cap.MULTIPATH, "max_paths": 0}, C.CmReject.INVALID_PARAMS),
+    ({"caps": Cap.MULTIPATH, "max_paths": 65}, C.CmReject.INVALID_PARAMS),
+    ({"version": 2}, C.CmReject.BAD_VERSION)])
+def test_invalid_requests(fields, reason):
+    """CM-10 and CM-6 (version)."""
+    with pytest.raises(N.Rejected) as e:
+        N.accept(req(**fields), "metaroce")
+    assert e.value.reason == reason
+    N.accept(req(caps=Cap.MULTIPATH, max_paths=64), "metaroce")     # the edge is valid
+
+
+def test_gids_and_mtu():
+    assert N.gid_of("10.0.0.1") == bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 1])
+    assert N.ip_of(N.gid_of("10.0.0.1")) == "10.0.0.1"
+    assert N.ip_of(N.gid_of("fd00::2")) == "fd00::2"
+    assert N.path_mtu(4096, 3) == 1024 and N.path_mtu(1024, 5) == 1024      # CM-1
+    assert N.offer("metaroce") == 3 and N.offer("roce") == 0
