@@ -61,7 +61,7 @@ def test_demo_json():
     p = run("demo", "--json")
     doc = json.loads(p.stdout)          # exactly one JSON document; the progress bar is on stderr
     assert doc["ok"] is True and p.returncode == 0, p.stderr
-    assert doc["xdp_mode"] == "native" and doc["mode"] == "roce"
+    assert doc["xdp_mode"] == "native" and doc["mode"] == "metaroce"
     assert doc["write_ok"] and doc["read_ok"] and doc["send_ok"] and doc["atomic_ok"]
     # 256 MiB written and read back, 64 SENDs of 64 KiB, 101 atomics of 8 bytes
     assert doc["bytes_verified"] == 2 * (256 << 20) + 64 * 65536 + 8 * 101
