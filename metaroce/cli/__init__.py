@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "fuzz": "metaroce.cli.fuzz:fuzz",
     "stats": "metaroce.cli.nic:stats",
     "qp": "metaroce.cli.qp:qp",
+    "perf": "metaroce.cli.perf:perf",
 }
 
 

@@ -60,10 +60,8 @@ class Channel:
 
     def _fill(self, n: int, deadline: float | None) -> bool:
         while len(self._buf) < n:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            r, _, _ = select.select([self.sock], [], [], left)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            r, _, _ = select.select([self.sock], [], [], left)    # timeout 0: one look
             if not r:
                 return False
             try:

@@ -51,6 +51,8 @@ class Connection:
     def wait_disconnect(self, timeout_s: float | None = None) -> bool:
         """Wait for the peer's DISCONNECT; answer it and tear down (the QP's outstanding work
         requests complete with flush errors). False on timeout."""
+        if self.closed:
+            return True
         while True:
             try:
                 got = self.channel.recv(timeout_s)

@@ -9,8 +9,8 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("xsk.h", "roce_tx.h", "events.h")
-SOURCES = ("xsk.c", "roce_tx.c", "events.c")
+HEADERS = ("xsk.h", "roce_tx.h", "events.h", "poll.h")
+SOURCES = ("xsk.c", "roce_tx.c", "events.c", "poll.c")
 
 
 def ffibuilder() -> FFI:

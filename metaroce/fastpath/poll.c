@@ -1,0 +1,34 @@
+#include <time.h>
+
+#include "poll.h"
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+uint64_t mr_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int64_t mr_poll_byte(const volatile uint8_t *p, uint8_t want, uint64_t timeout_ns)
+{
+    uint64_t t0 = mr_now_ns(), now = t0;
+    unsigned spins = 0;
+    while (*p != want) {
+        cpu_relax();
+        if (++spins % 256 == 0) {
+            now = mr_now_ns();
+            if (now - t0 > timeout_ns)
+                return -1;
+        }
+    }
+    return (int64_t)(mr_now_ns() - t0);
+}

@@ -1,0 +1,1 @@
+"""`metaroce perf`: perftest-style bandwidth and latency tests between two MetaRoCE devices."""

@@ -1,0 +1,305 @@
+"""The `metaroce perf` tests (perftest's ib_*_bw / ib_*_lat family) over metaroce.verbs and
+metaroce.cm. Both sides run the same command; the side without an address is the server. The
+client drives the test and reports; the server serves (posts receives, answers ping-pongs) until
+the client disconnects. Latency loops busy-poll registered memory in C (fastpath/poll.c)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+from .. import cm
+from ..errors import MetaroceError
+from ..fastpath.xsk import _lib
+from ..verbs import (CQ, MR, PD, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC,
+                     IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
+                     IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
+                     IBV_WR_SEND, Context, QPCap, RecvWR, SendWR, wc_status_str)
+from . import report
+
+TESTS = ("write-bw", "read-bw", "send-bw", "write-lat", "read-lat", "send-lat", "atomic-lat")
+ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+          IBV_ACCESS_REMOTE_ATOMIC)
+MAX_BUF = 64 << 20            # registered bytes per side at most
+RX_DEPTH = 256                # receives the send-bw server keeps posted
+POLL_TIMEOUT_NS = 5_000_000_000
+_PRIV = struct.Struct("!QQI")  # addr, length, rkey of the peer's region
+
+
+@dataclass
+class Options:
+    test: str
+    dev: str
+    netns: str | None = None
+    address: str | None = None
+    size: int = 65536
+    iters: int | None = None
+    duration: float | None = None
+    qps: int = 1
+    mode: str | None = None
+    all_sizes: bool = False
+    port: int = cm.DEFAULT_PORT
+    tx_depth: int = 128
+    cpu: int | None = None
+
+    def sizes(self) -> list[int]:
+        if self.test == "atomic-lat":
+            return [8]
+        return [1 << k for k in range(1, 24)] if self.all_sizes else [self.size]
+
+    def iterations(self, size: int) -> int:
+        if self.iters:
+            return self.iters
+        base = 5000 if self.test.endswith("bw") else 1000
+        if self.all_sizes:                     # keep -a quick: at most ~256 MiB per size
+            return max(16, min(base, (256 << 20) // size))
+        return base
+
+
+def _cpu_now() -> int:
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+
+
+class Side:
+    """This process's verbs objects: one MR laid out as [send area][receive area]."""
+
+    def __init__(self, o: Options):
+        if o.cpu is not None:
+            try:
+                os.sched_setaffinity(0, {o.cpu})
+            except OSError as exc:
+                raise MetaroceError(f"cannot pin to CPU {o.cpu}: {exc.strerror}") from None
+        self.o = o
+        self.ctx = Context(o.dev, o.netns)
+        self.dev = self.ctx.query_device()
+        self.slots = max(1, min(o.tx_depth, MAX_BUF // 2 // max(o.sizes())))
+        self.area = max(o.sizes()) * self.slots
+        self.pd = PD(self.ctx)
+        self.mr = MR(self.pd, 2 * self.area, ACCESS)
+        self.cq = CQ(self.ctx, 65536)
+        mod = _lib()
+        self.ffi, self.c = mod.ffi, mod.lib
+        self.ptr = self.ffi.from_buffer(self.mr.buf)
+        self.conns: list[cm.Connection] = []
+
+    def private(self) -> bytes:
+        return _PRIV.pack(self.mr.addr + self.area, self.area, self.mr.rkey)
+
+    def info(self) -> dict:
+        st = self.ctx.status()
+        return {"dev": self.o.dev, "qps": self.o.qps, "tx_depth": self.o.tx_depth,
+                "mode": self.conns[0].mode if self.conns else "-",
+                "mtu": self.conns[0].remote["mtu"] if self.conns else "-",
+                "xdp_mode": st["xdp_mode"], "cpus": sorted(os.sched_getaffinity(0)),
+                "cpu_last": _cpu_now(), "daemon_pid": st["pid"]}
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.ffi.release(self.ptr)
+        self.mr.close()
+        self.ctx.close()
+
+
+def _check(wcs) -> None:
+    for w in wcs:
+        if w.status != IBV_WC_SUCCESS:
+            raise MetaroceError(f"work request {w.wr_id} failed: {wc_status_str(w.status)}")
+
+
+# ---- server ----------------------------------------------------------------------------------
+
+def serve(o: Options, log=lambda m: None) -> dict:
+    s = Side(o)
+    try:
+        with cm.listen(s.ctx, o.port) as lis:
+            log(f"perf: waiting for {o.qps} connection(s) on port {lis.port}")
+            for _ in range(o.qps):
+                s.conns.append(lis.accept(pd=s.pd, send_cq=s.cq, private_data=s.private(),
+                                          cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
+                                          timeout_s=120, allow_metaroce=o.mode != "roce"))
+        info = s.info()
+        if o.test == "send-bw":
+            _serve_send_bw(s)
+        elif o.test in ("write-lat", "send-lat"):
+            for size in o.sizes():
+                (_pong_write if o.test == "write-lat" else _pong_send)(s, size, o.iterations(size))
+        for c in s.conns:                      # passive tests: until the client is done
+            c.wait_disconnect(None)
+        return {"role": "server", "test": o.test, "connections": len(s.conns), **info}
+    finally:
+        s.close()
+
+
+def _serve_send_bw(s: Side) -> None:
+    """Keep receives posted on every QP until the client disconnects."""
+    posted = {}
+    size = max(s.o.sizes())
+    for i, c in enumerate(s.conns):
+        c.qp.post_recv([RecvWR(wr_id=i << 32 | k, sg_list=[s.mr.sge(s.area, size)])
+                        for k in range(RX_DEPTH)])
+        posted[c.qp.qp_num] = c
+    open_conns = set(posted)
+    while open_conns:
+        wcs = s.cq.poll(1024)
+        if not wcs:
+            for c in s.conns:
+                if c.qp.qp_num in open_conns and c.wait_disconnect(0):
+                    open_conns.discard(c.qp.qp_num)
+            if open_conns:
+                s.ctx._pump(0.001)
+            continue
+        by_qp: dict[int, int] = {}
+        for w in wcs:
+            if w.status == IBV_WC_SUCCESS:
+                by_qp[w.qp_num] = by_qp.get(w.qp_num, 0) + 1
+        for qpn, n in by_qp.items():
+            c = posted[qpn]
+            if not c.closed:
+                c.qp.post_recv([RecvWR(wr_id=k, sg_list=[s.mr.sge(s.area, size)])
+                                for k in range(n)])
+
+
+def _pong_write(s: Side, size: int, iters: int) -> None:
+    c = s.conns[0]
+    addr, _, rkey = _PRIV.unpack(c.private_data)
+    last = s.area + size - 1                       # the byte the client's WRITE ends with
+    for i in range(iters):
+        mark = i % 255 + 1
+        if s.c.mr_poll_byte(s.ptr + last, mark, POLL_TIMEOUT_NS) < 0:
+            raise MetaroceError(f"write-lat: no ping {i} within {POLL_TIMEOUT_NS / 1e9} s")
+        s.mr.buf[size - 1] = mark
+        c.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=i, send_flags=0 if i % 64 else 2,
+                              sg_list=[s.mr.sge(0, size)], remote_addr=addr, rkey=rkey))
+        s.cq.poll(64)
+
+
+def _pong_send(s: Side, size: int, iters: int) -> None:
+    c = s.conns[0]
+    c.qp.post_recv(RecvWR(wr_id=0, sg_list=[s.mr.sge(s.area, size)]))
+    for i in range(iters):
+        while True:
+            wcs = s.cq.wait(1, timeout_s=POLL_TIMEOUT_NS / 1e9)
+            _check(wcs)
+            if wcs[0].opcode.startswith("RECV"):
+                break
+        c.qp.post_recv(RecvWR(wr_id=i + 1, sg_list=[s.mr.sge(s.area, size)]))
+        c.qp.post_send(SendWR(IBV_WR_SEND, wr_id=i, send_flags=0 if i % 64 else 2,
+                              sg_list=[s.mr.sge(0, size)]))
+
+
+# ---- client ----------------------------------------------------------------------------------
+
+def run_client(o: Options, log=lambda m: None) -> dict:
+    s = Side(o)
+    try:
+        for _ in range(o.qps):
+            s.conns.append(cm.connect(s.ctx, o.address, o.port, pd=s.pd, send_cq=s.cq,
+                                      cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
+                                      mode=o.mode, private_data=s.private(), timeout_s=10))
+        info = s.info()
+        results = []
+        for size in o.sizes():
+            if o.test.endswith("bw"):
+                results.append(_bw(s, size))
+            else:
+                results.append(_lat(s, size))
+            log(report.row(o.test, results[-1]))
+        return {"role": "client", "test": o.test, **info, "results": results, **results[-1]}
+    finally:
+        s.close()
+
+
+def _bw(s: Side, size: int) -> dict:
+    o = s.o
+    op = {"write-bw": IBV_WR_RDMA_WRITE, "read-bw": IBV_WR_RDMA_READ, "send-bw": IBV_WR_SEND}[o.test]
+    iters = o.iterations(size)
+    peers = [_PRIV.unpack(c.private_data) for c in s.conns]
+    _fits(size, peers[0][1])
+    posted = done = 0
+    outstanding = [0] * len(s.conns)
+    deadline = time.monotonic() + o.duration if o.duration else None
+    t0 = time.monotonic()
+    peak, win_t, win_n = 0.0, t0, 0
+    limit = iters * len(s.conns) if not deadline else 1 << 62
+    while done < posted or (posted < limit and (deadline is None or time.monotonic() < deadline)):
+        for qi, c in enumerate(s.conns):
+            batch = []
+            while outstanding[qi] < o.tx_depth and posted < limit and \
+                    (deadline is None or time.monotonic() < deadline):
+                slot = posted % s.slots
+                addr, _, rkey = peers[qi]
+                src = s.mr.sge((slot * size) % s.area if op != IBV_WR_RDMA_READ else
+                               s.area + (slot * size) % s.area, size)
+                room = peers[qi][1] // size * size
+                batch.append(SendWR(op, wr_id=qi, sg_list=[src],
+                                    remote_addr=addr + (slot * size) % room, rkey=rkey))
+                outstanding[qi] += 1
+                posted += 1
+            if batch:
+                c.qp.post_send(batch)
+        wcs = s.cq.wait(1, timeout_s=30)
+        wcs += s.cq.poll(4096)
+        _check(wcs)
+        for w in wcs:
+            outstanding[w.wr_id] -= 1
+        done += len(wcs)
+        win_n += len(wcs)
+        now = time.monotonic()
+        if now - win_t >= 0.05:
+            peak = max(peak, win_n * size * 8 / (now - win_t))
+            win_t, win_n = now, 0
+    return report.bw_result(size, done, time.monotonic() - t0, peak)
+
+
+def _fits(size: int, peer_len: int) -> None:
+    if size > peer_len:
+        raise MetaroceError(f"the server registered {peer_len} bytes, less than a {size}-byte "
+                            f"message: run both sides with the same -s / -a")
+
+
+def _lat(s: Side, size: int) -> dict:
+    o = s.o
+    c = s.conns[0]
+    addr, peer_len, rkey = _PRIV.unpack(c.private_data)
+    _fits(size, peer_len)
+    iters = o.iterations(size)
+    samples = []
+    now = s.c.mr_now_ns
+    if o.test == "write-lat":
+        last = s.area + size - 1
+        for i in range(iters):
+            mark = i % 255 + 1
+            s.mr.buf[size - 1] = mark
+            t0 = now()
+            c.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=i, send_flags=0 if i % 64 else 2,
+                                  sg_list=[s.mr.sge(0, size)], remote_addr=addr, rkey=rkey))
+            if s.c.mr_poll_byte(s.ptr + last, mark, POLL_TIMEOUT_NS) < 0:
+                raise MetaroceError(f"write-lat: no pong {i} within {POLL_TIMEOUT_NS / 1e9} s")
+            samples.append((now() - t0) / 2000)     # half the round trip, as perftest reports
+            s.cq.poll(64)
+    elif o.test == "send-lat":
+        c.qp.post_recv(RecvWR(wr_id=0, sg_list=[s.mr.sge(s.area, size)]))
+        for i in range(iters):
+            t0 = now()
+            c.qp.post_send(SendWR(IBV_WR_SEND, wr_id=i, send_flags=0 if i % 64 else 2,
+                                  sg_list=[s.mr.sge(0, size)]))
+            while True:
+                wcs = s.cq.wait(1, timeout_s=POLL_TIMEOUT_NS / 1e9)
+                _check(wcs)
+                if wcs[0].opcode.startswith("RECV"):
+                    break
+            samples.append((now() - t0) / 2000)
+            c.qp.post_recv(RecvWR(wr_id=i + 1, sg_list=[s.mr.sge(s.area, size)]))
+    else:                                            # read-lat, atomic-lat: one side, full RTT
+        op = IBV_WR_RDMA_READ if o.test == "read-lat" else IBV_WR_ATOMIC_FETCH_AND_ADD
+        for i in range(iters):
+            t0 = now()
+            c.qp.post_send(SendWR(op, wr_id=i, sg_list=[s.mr.sge(s.area, size)],
+                                  remote_addr=addr, rkey=rkey, compare_add=1))
+            _check(s.cq.wait(1, timeout_s=POLL_TIMEOUT_NS / 1e9))
+            samples.append((now() - t0) / 1000)
+    return report.lat_result(size, samples)
