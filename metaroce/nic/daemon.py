@@ -184,7 +184,13 @@ class Daemon:
             d.post_recv(conn, int(req["qpn"]), list(req["wrs"]))
             return {"ok": True}, []
         if op == "set_qp":           # raw receive state, for tools driving the wire directly
-            self.rx.set_qp(int(req["qpn"]), int(req["epsn"]), int(req["pd"]),
+            qpn, pd = int(req["qpn"]), int(req["pd"])
+            if not 0 < qpn <= 0xFFFFFF:
+                raise MetaroceError("qpn must be 24-bit")
+            if qpn in d.qps:         # never another application's QP (nor a verbs QP at all)
+                raise MetaroceError(f"QP 0x{qpn:06x} belongs to a verbs QP")
+            d._own_pd(conn, pd)      # and only into the caller's own protection domain
+            self.rx.set_qp(qpn, int(req["epsn"]), pd,
                            int(req.get("dqpn", 0)))
             return {"ok": True}, []
         return {"error": f"unknown op {op!r}"}, []
