@@ -24,6 +24,8 @@ fi
 # users poking at a lab (metaroce lab exec h1 -- ping ...).
 APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev iputils-ping
           tshark iperf3 ethtool libisal-dev)
+# systemd: systemd-analyze checks the metaroce@.service unit (metaroce install --systemd --verify)
+APT_PKGS+=(systemd)
 missing=()
 for p in "${APT_PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -76,7 +78,7 @@ fi
 stamp=$VENV/.metaroce-installed
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
-   || ! "$VENV/bin/python" -c 'import metaroce, click, pyroute2, pytest, hypothesis, scapy' 2>/dev/null; then
+   || ! "$VENV/bin/python" -c 'import metaroce, click, pyroute2, pytest, hypothesis, scapy, prometheus_client' 2>/dev/null; then
     say "installing the project and its test extras into the venv (pip)"
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2

@@ -22,20 +22,29 @@ def _dev(dev, netns):
 @click.command()
 @dev_option
 @netns_option
-@click.option("--mode", type=click.Choice(["roce", "metaroce"]), default="roce", show_default=True)
+@click.option("--mode", type=click.Choice(["roce", "metaroce"]), default=None,
+              help="Transport mode [default: the --config file's, else roce].")
 @click.option("--foreground", is_flag=True, help="Stay attached to the terminal.")
+@click.option("--config", "config_path", default=None,
+              help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
 @json_option
-def up(dev, netns, mode, foreground, as_json):
+def up(dev, netns, mode, foreground, config_path, as_json):
     """Turn DEV into a MetaRoCE RDMA device (XDP NIC + daemon)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
     did = _dev(dev, netns)
+    if config_path:
+        from ..provision.daemon_config import load_for  # noqa: PLC0415
+        mode = load_for(config_path, dev, mode, log)
+    mode = mode or "roce"
     if foreground:
         if d.running_pid(did):
             raise MetaroceError(f"a MetaRoCE daemon already runs on {dev}: metaroce down --dev {dev}")
         d.clean_stale(did)
         dm = d.Daemon(did, mode)
         log(f"metaroce: {dev} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
+        from ..deploy.systemd import sd_notify  # noqa: PLC0415
+        sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
         return 0
     st = d.start_background(did, mode)
