@@ -85,6 +85,9 @@ static __always_inline u32 mr_check(u32 key, u32 pd, u32 access, u64 va, u64 len
     struct mr_info *mr = mr_infos.lookup(&key);
     if (!mr)
         return RX_BAD_RKEY;
+#ifdef MUTANT_NO_ACCESS_CHECK          /* conformance self-test only: access flags ignored */
+    access = mr->access;
+#endif
     if (mr->pd != pd || !(mr->access & access))
         return RX_MR_ACCESS;
     if (va < mr->va || va - mr->va > mr->length || len > mr->length - (va - mr->va))
@@ -338,6 +341,9 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
         u32 why = mr_check(rkey, qp->pd, ACCESS_REMOTE_WRITE, va, has_reth ? left : len, &off);
         if (why)
             return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, why);
+#ifdef MUTANT_ACK_BEFORE_PLACE         /* conformance self-test only: acked, never placed */
+        if (!ackreq)
+#endif
         if (place(ctx, rkey, off, rp->bth_off + hdrs, len))
             return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, RX_MR_BOUNDS);
     }
@@ -467,6 +473,9 @@ static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *
     if (l4 != BTH_LEN + ext + ATOMICETH_LEN + ICRC_LEN ||
         bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + ext, &a, sizeof(a)))
         return RX_MALFORMED;
+#ifdef MUTANT_ATOMIC_TWICE             /* conformance self-test only: duplicates execute again */
+    dup = 0;
+#endif
     if (dup) {
         if (!qp->atomic_valid || qp->atomic_psn != psn)
             return RX_DUPLICATE;       /* older than the saved result: dropped */
@@ -859,7 +868,11 @@ static __always_inline u32 on_mr_request(struct xdp_md *ctx, const struct roce_p
             sack(pl, qp, AETH_ACK_UNLIMITED, ce ? SACK_F_ECE : 0);
         return reason;
     }
+#ifdef MUTANT_WINDOW_OFF_BY_ONE         /* conformance self-test only: accepts ePSN + W */
+    if (d > MR_WINDOW)
+#else
     if (d >= MR_WINDOW)
+#endif
         return RX_BEYOND_WINDOW;              /* not recorded (SACK-1) */
     int ends = 1;
     u32 npsn = 1;
@@ -993,6 +1006,9 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
 
 static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic_qp *qp)
 {
+#ifdef MUTANT_NO_SOURCE_CHECK          /* conformance self-test only: any source accepted */
+    return 1;
+#endif
     if (!qp->peer_set)
         return 1;
 #pragma unroll
@@ -1032,8 +1048,10 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
     if (op != CNP_OPCODE && mr != !!qp->metaroce)  /* the other mode's opcodes (EXT-2) */
         return verdict(RX_WRONG_MODE, XDP_DROP);
+#ifndef MUTANT_SKIP_ICRC                /* conformance self-test only: ICRC not checked */
     if (!icrc_ok(ctx, &rp, l4))
         return verdict(RX_BAD_ICRC, XDP_DROP);
+#endif
     qp->rx_packets++;
     struct plan pl = {};
     u32 reason;
@@ -1062,15 +1080,19 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(on_response(ctx, &rp, qpn, qp, op, psn, l4, pad), XDP_DROP);
 
     /* a request (responder side) */
+#ifndef MUTANT_ERR_NOT_STICKY           /* conformance self-test only: ERR keeps answering */
     if (qp->state == QP_RX_ERROR)
         return verdict(RX_QP_ERROR, XDP_DROP);
+#endif
     if (rp.ecn == 3)
         qp->np_ecn_marked_roce_packets++;
     u32 ahead = (psn - qp->epsn) & PSN_MASK;
     if (ahead && ahead < PSN_HALF) {           /* a gap: NAK it once, drop until it fills */
         qp->out_of_sequence++;
+#ifndef MUTANT_NAK_EVERY_GAP            /* conformance self-test only: NAKs every ahead packet */
         if (qp->nak_sent)
             return verdict(RX_PSN_OUT_OF_ORDER, XDP_DROP);
+#endif
         qp->nak_sent = 1;
         set_reply(&pl, REPLY_ACK, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn, TX_NAK_SEQ);
         return reply(ctx, &rp, &pl, qp->dqpn, RX_PSN_OUT_OF_ORDER);
@@ -1082,8 +1104,10 @@ int nic_rx(struct xdp_md *ctx)
         else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD)
             reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 1, l4, &pl, 0);
         else {
+#ifndef MUTANT_NO_DUP_REACK             /* conformance self-test only: duplicates not re-ACKed */
             set_reply(&pl, REPLY_ACK, (qp->epsn - 1) & PSN_MASK, AETH_ACK_UNLIMITED, qp->msn,
                       TX_ACK);
+#endif
             reason = RX_DUPLICATE;
         }
     } else if (op >= RC_RDMA_WRITE_FIRST && op <= RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE) {

@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "fuzz": "metaroce.cli.fuzz:fuzz",
     "stats": "metaroce.cli.nic:stats",
     "qp": "metaroce.cli.qp:qp",
+    "conformance": "metaroce.cli.conformance:conformance",
     "provision": "metaroce.cli.provision:provision",
     "install": "metaroce.cli.install:install",
     "exporter": "metaroce.cli.exporter:exporter",

@@ -32,6 +32,19 @@ QP_COUNTERS = ("rx_packets", "rx_bytes", "out_of_sequence", "duplicate_request",
                "np_ecn_marked_roce_packets", "acks_received", "sacks_sent", "sacks_received")
 
 
+def extra_defines() -> dict:
+    """Test-only compile-time switches from METAROCE_BPF_DEFINES ("NAME=1,OTHER=2"): the
+    conformance self-test builds deliberately broken data paths (MUTANT_*) this way; unset, the
+    program is built as always."""
+    out = {}
+    for item in filter(None, (s.strip() for s in os.environ.get("METAROCE_BPF_DEFINES", "").split(","))):
+        name, _, value = item.partition("=")
+        if not name.isidentifier():
+            raise MetaroceError(f"METAROCE_BPF_DEFINES: bad name {name!r}")
+        out[name] = value or "1"
+    return out
+
+
 def crc32_slice8_tables() -> bytes:
     """The 8 x 256 tables of slice-by-8 CRC-32 (reflected 0xEDB88320), as struct crc_tables."""
     t0 = []
@@ -67,7 +80,8 @@ class RxPath:
     """One loaded receive program with its maps; attach `prog_fd` to a device or test-run it."""
 
     def __init__(self, max_qps: int = 4096, max_mrs: int = 4096):
-        self.bpf = compile_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs})
+        self.bpf = compile_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
+                                                     **extra_defines()})
         self.prog = load(self.bpf, "nic_rx", "xdp")
         self.prog_fd = self.prog.fd
         self._mrs_fd = self.bpf[b"mrs"].map_fd

@@ -1,0 +1,145 @@
+"""Reports of a run: JUnit XML, a Markdown summary, and clause coverage (every MUST clause of the
+spec is covered by at least one test of the catalogue, or listed here as not testable on the
+wire with the reason)."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+from .. import spec
+from .catalogue import GROUPS, cases
+
+_CODEC = ("a property of the codec and of packets as built, checked by the unit tests of "
+          "metaroce.wire (Test: wire); the DUT's side of it is covered by the frame audit")
+_INSPECT = "an implementation property checked by review or API (Test: inspect), not on the wire"
+_CM = ("connection management runs over a side channel (TCP) or MR_CM packets the adapters do "
+       "not drive; tests/integration/test_cm.py checks our implementation")
+_CC = ("needs a sustained, shaped or impaired flow between two full endpoints (Test: impair); "
+       "the tester sends crafted packets one exchange at a time")
+
+NOT_TESTABLE = {
+    "WIRE-12": _CODEC + " (CMETH GIDs only exist in connection management)",
+    "ICRC-3": _CODEC + " (an implementation shortcut with an identical result)",
+    "ICRC-4": _INSPECT,
+    "EXT-7": _CODEC + " (CMETH, connection management)",
+    "HDR-8": "ACK credit codes are a SHOULD for compat responders; the MUST (0x1F with an SRQ) "
+             "needs an SRQ, which the adapters do not create",
+    "QP-2": _INSPECT, "QP-3": _INSPECT, "PSN-4": _INSPECT, "MP-4": _INSPECT, "CM-8": _INSPECT,
+    "SEC-1": _INSPECT + " (statistics over 10 000 registrations)",
+    "SEC-2": _INSPECT + " (statistics over many connections)",
+    "PSN-2": "needs 2^23 outstanding PSNs from the DUT's requester (a stalled responder for "
+             "millions of packets)",
+    "RESP-8": "timer accuracy of the DUT's requester: the tester would have to stay silent for "
+              "the local ACK timeout and time retransmissions (seconds per case, timing-sensitive "
+              "on shared CPUs)",
+    "RESP-9": "exhausting retry_cnt needs (1 + retry_cnt) local ACK timeouts of the DUT's "
+              "requester (Test: peer, timing)",
+    "RESP-11": "max_dest_rd_atomic is not part of the QP description, so the tester cannot know "
+               "which READ must be refused",
+    "SACK-5": _CC, "SACK-8": _CC + " (dropping one of many READ responses in flight)",
+    "PLACE-4": "READ response placement happens at the DUT's requester with the tester as "
+               "responder; it needs the DUT's local buffer, which only the reference exposes, "
+               "and is checked by tests/integration/test_verbs_metaroce.py",
+    "MP-1": "needs the MULTIPATH capability, negotiated through connection management",
+    "MP-5": _CC, "CC-1": _CC, "CC-2": _CC + " (RTT samples from ts_echo)", "CC-3": _CC,
+    "CC-4": _CC, "CC-5": "the advertised window comes from CMETH (connection management)",
+    "CC-8": _CC + " (8-to-1 incast)", "CC-9": _CC,
+    "RTO-1": _CC + " (adaptive RTO of the DUT's requester)", "RTO-2": _CC,
+    "CM-1": _CM, "CM-2": _CM, "CM-3": _CM, "CM-4": _CM, "CM-5": _CM, "CM-6": _CM, "CM-9": _CM,
+    "CM-10": _CM, "SEC-9": _CM,
+}
+
+
+def coverage(results=None) -> dict:
+    """Per MUST clause: the tests citing it (with this run's statuses) or the reason it is not
+    testable on the wire. `missing` lists clauses with neither (must be empty)."""
+    runs = {r.id: r for r in results or []}
+    by_clause: dict[str, list] = {}
+    for c in cases():
+        for cl in c.clauses:
+            by_clause.setdefault(cl, []).append(c.id)
+    out, missing = {}, []
+    musts = [c for c in spec.clauses() if c.level == "MUST"]
+    for c in musts:
+        tests = by_clause.get(c.id, [])
+        if tests:
+            out[c.id] = {"title": c.title, "tests": tests,
+                         "results": {t: runs[t].status for t in tests if t in runs}}
+        elif c.id in NOT_TESTABLE:
+            out[c.id] = {"title": c.title, "not_testable": NOT_TESTABLE[c.id]}
+        else:
+            out[c.id] = {"title": c.title}
+            missing.append(c.id)
+    covered = sum(1 for v in out.values() if "tests" in v)
+    return {"must_total": len(musts), "covered": covered,
+            "not_testable": sum(1 for v in out.values() if "not_testable" in v),
+            "missing": missing, "clauses": out}
+
+
+def junit_xml(rep) -> str:
+    suite = ET.Element("testsuite", name=f"metaroce-conformance-{rep.adapter}-{rep.mode}",
+                       tests=str(len(rep.results)), failures=str(rep.counts["failed"]),
+                       errors=str(rep.counts["error"]), skipped=str(rep.counts["skipped"]),
+                       time=f"{rep.seconds:.3f}")
+    for r in rep.results:
+        tc = ET.SubElement(suite, "testcase", classname=f"conformance.{rep.mode}.{r.group}",
+                           name=r.id, time=f"{r.seconds:.3f}")
+        ET.SubElement(tc, "properties").extend(
+            [ET.Element("property", name="clauses", value=" ".join(r.clauses))])
+        if r.status == "failed":
+            ET.SubElement(tc, "failure", message=f"{r.clause}: {r.message}"[:500],
+                          type=r.clause).text = r.message
+        elif r.status == "error":
+            ET.SubElement(tc, "error", message=r.message.split("\n")[0][:500]).text = r.message
+        elif r.status == "skipped":
+            ET.SubElement(tc, "skipped", message=r.message)
+    if rep.error:
+        tc = ET.SubElement(suite, "testcase", classname="conformance", name="setup")
+        ET.SubElement(tc, "error", message=rep.error)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
+    c = rep.counts
+    lines = [f"# {title}", "",
+             f"DUT adapter `{rep.adapter}`, mode `{rep.mode}`: **{c['passed']} passed, "
+             f"{c['failed']} failed, {c['skipped']} skipped, {c['error']} errors** "
+             f"in {rep.seconds:.1f} s (exit status {rep.exit_code}).", ""]
+    if rep.error:
+        lines += [f"The suite could not run: {rep.error}", ""]
+    by_group: dict[str, list] = {}
+    for r in rep.results:
+        by_group.setdefault(r.group, []).append(r)
+    for g, rs in by_group.items():
+        lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | result |", "|---|---|---|"]
+        for r in rs:
+            res = r.status if r.status != "failed" else f"**FAILED** {r.clause}: {r.message}"
+            if r.status in ("skipped", "error"):
+                res += f": {r.message.splitlines()[0] if r.message else ''}"
+            lines.append(f"| `{r.id}` | {' '.join(r.clauses)} | {res.replace('|', '/')} |")
+        lines.append("")
+    lines += ["## Clause coverage", "",
+              f"{cov['must_total']} MUST clauses: {cov['covered']} covered by tests, "
+              f"{cov['not_testable']} not testable on the wire"
+              + (f", **{len(cov['missing'])} missing: {', '.join(cov['missing'])}**"
+                 if cov["missing"] else "") + ".", "",
+              "| clause | not testable on the wire because |", "|---|---|"]
+    for cid, v in cov["clauses"].items():
+        if "not_testable" in v:
+            lines.append(f"| {cid} | {v['not_testable']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(rep, directory: str) -> dict:
+    os.makedirs(directory, exist_ok=True)
+    cov = coverage(rep.results)
+    paths = {k: os.path.join(directory, k) for k in ("junit.xml", "summary.md", "coverage.json")}
+    with open(paths["junit.xml"], "w") as f:
+        f.write(junit_xml(rep))
+    with open(paths["summary.md"], "w") as f:
+        f.write(summary_md(rep, cov))
+    with open(paths["coverage.json"], "w") as f:
+        json.dump({"adapter": rep.adapter, "mode": rep.mode, **cov}, f, indent=1)
+    return paths

@@ -1,0 +1,140 @@
+"""Run the catalogue against one adapter: open the DUT and the tester's raw socket, run every
+selected test, and collect results (passed / failed on a clause / skipped / error)."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+from .adapters import ALL_ACCESS, Adapter
+from .catalogue import Case, cases
+from .tester import Failure, Peer, Skip, Wire
+
+
+@dataclass
+class Result:
+    id: str
+    group: str
+    clauses: list
+    title: str
+    status: str                 # passed | failed | skipped | error
+    clause: str = ""            # the clause a failure names
+    message: str = ""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RunReport:
+    adapter: str
+    mode: str
+    results: list = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""             # set when the suite could not run
+
+    @property
+    def counts(self) -> dict:
+        out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        for r in self.results:
+            out[r.status] += 1
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        if self.error:
+            return 2
+        c = self.counts
+        return 1 if c["failed"] or c["error"] else 0
+
+    def to_dict(self) -> dict:
+        return {"adapter": self.adapter, "mode": self.mode, "ok": self.exit_code == 0,
+                "exit_code": self.exit_code, "error": self.error or None, "counts": self.counts,
+                "seconds": round(self.seconds, 3), "results": [r.to_dict() for r in self.results]}
+
+
+class Context:
+    """What a test sees: the adapter, the tester's wire, and peers of DUT endpoints."""
+
+    def __init__(self, adapter: Adapter, side, wire: Wire):
+        self.adapter, self.side, self.wire = adapter, side, wire
+        self.metaroce = adapter.mode == "metaroce"
+        self._peers: dict[int, Peer] = {}
+
+    def peer(self, *, fresh: bool = False, access: int = ALL_ACCESS,
+             tester_psn: int | None = None) -> Peer:
+        ep = self.adapter.endpoint(fresh=fresh, access=access, tester_psn=tester_psn)
+        p = self._peers.get(ep.qpn)
+        if p is None or p.ep is not ep:
+            p = Peer(self.wire, ep, self.side.mac, self.side.ip, self.metaroce)
+            self._peers[ep.qpn] = p
+        return p
+
+
+def select(pattern: str | None, mode: str) -> list[Case]:
+    """The catalogue's tests for mode, filtered by --only (comma-separated glob patterns that
+    match test IDs or clause IDs)."""
+    chosen = [c for c in cases() if mode in c.modes]
+    if not pattern:
+        return chosen
+    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+
+    def hit(c: Case) -> bool:
+        for p in pats:
+            if fnmatch.fnmatchcase(c.id, p) or c.id.startswith(p + ".") or c.group == p:
+                return True
+            if any(fnmatch.fnmatchcase(cl, p.upper()) for cl in c.clauses):
+                return True
+        return False
+    return [c for c in chosen if hit(c)]
+
+
+def run(adapter: Adapter, only: str | None = None, progress=None) -> RunReport:
+    rep = RunReport(adapter.name, adapter.mode)
+    t0 = time.monotonic()
+    chosen = select(only, adapter.mode)
+    if not chosen:
+        rep.error = f"no test matches --only {only!r} in {adapter.mode} mode"
+        return rep
+    wire = None
+    try:
+        try:
+            side = adapter.open()
+            wire = Wire(side.netns, side.iface, adapter.dut_ip)
+        except Exception as exc:  # noqa: BLE001 (the suite cannot run: exit 2)
+            rep.error = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("reference") \
+                else str(exc)
+            return rep
+        ctx = Context(adapter, side, wire)
+        for c in chosen:
+            r = Result(c.id, c.group, list(c.clauses), c.title, "passed")
+            s = time.monotonic()
+            try:
+                c.fn(ctx)
+            except Failure as f:
+                r.status, r.clause, r.message = "failed", f.clause, f.message
+            except Skip as sk:
+                r.status, r.message = "skipped", str(sk)
+            except Exception as exc:  # noqa: BLE001 (a broken DUT may break the tester's flow)
+                r.status = "error"
+                r.message = f"{type(exc).__name__}: {exc}"
+                r.clause = ""
+                tb = traceback.format_exc(limit=3)
+                r.message += "\n" + tb
+            r.seconds = round(time.monotonic() - s, 3)
+            rep.results.append(r)
+            if progress:
+                progress(r)
+    finally:
+        if wire is not None:
+            wire.close()
+        try:
+            adapter.close()
+        except Exception as exc:  # noqa: BLE001
+            if not rep.error:
+                rep.error = f"closing the DUT: {exc}"
+        rep.seconds = time.monotonic() - t0
+    return rep
