@@ -20,10 +20,10 @@ fi
 # headers BCC compiles against; python3-venv/python3-dev/gcc: the venv and cffi helpers;
 # libbpf1: link/pin/test-run syscalls; tshark: independent RoCEv2 decoder for the codec tests;
 # libisal-dev: CRC-32 (the ICRC) at memory speed in the fast path;
-# iperf3: the TCP baseline; ethtool: queue and offload settings in labs; iputils-ping: for
+# iperf3, sockperf: the TCP baselines (throughput, ping-pong latency); ethtool: queue and offload settings in labs; iputils-ping: for
 # users poking at a lab (metaroce lab exec h1 -- ping ...).
 APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev iputils-ping
-          tshark iperf3 ethtool libisal-dev)
+          tshark iperf3 ethtool libisal-dev sockperf)
 # systemd: systemd-analyze checks the metaroce@.service unit (metaroce install --systemd --verify)
 APT_PKGS+=(systemd)
 missing=()

@@ -1,3 +1,4 @@
+#include <sched.h>
 #include <time.h>
 
 #include "poll.h"
@@ -28,6 +29,9 @@ int64_t mr_poll_byte(const volatile uint8_t *p, uint8_t want, uint64_t timeout_n
             now = mr_now_ns();
             if (now - t0 > timeout_ns)
                 return -1;
+            /* the daemon that moves our packets may need this CPU: let it run (a pure spin
+             * starves it until the scheduler's tick, milliseconds on a 2-vCPU machine) */
+            sched_yield();
         }
     }
     return (int64_t)(mr_now_ns() - t0);

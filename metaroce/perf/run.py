@@ -104,6 +104,14 @@ class Side:
         self.ctx.close()
 
 
+def busy_cpu_s() -> float:
+    """CPU-seconds the whole machine spent busy so far (the XDP data path runs in softirq,
+    charged to no process of ours, so a run's cost is measured machine-wide)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _check(wcs) -> None:
     for w in wcs:
         if w.status != IBV_WC_SUCCESS:
@@ -222,6 +230,7 @@ def _bw(s: Side, size: int) -> dict:
     posted = done = 0
     outstanding = [0] * len(s.conns)
     deadline = time.monotonic() + o.duration if o.duration else None
+    cpu0 = busy_cpu_s()
     t0 = time.monotonic()
     peak, win_t, win_n = 0.0, t0, 0
     limit = iters * len(s.conns) if not deadline else 1 << 62
@@ -252,7 +261,11 @@ def _bw(s: Side, size: int) -> dict:
         if now - win_t >= 0.05:
             peak = max(peak, win_n * size * 8 / (now - win_t))
             win_t, win_n = now, 0
-    return report.bw_result(size, done, time.monotonic() - t0, peak)
+    res = report.bw_result(size, done, time.monotonic() - t0, peak)
+    res["cpu_s"] = round(busy_cpu_s() - cpu0, 3)
+    moved = size * done
+    res["cpu_s_per_gib"] = round(res["cpu_s"] / (moved / (1 << 30)), 3) if moved else None
+    return res
 
 
 def _fits(size: int, peer_len: int) -> None:

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""MetaRoCE against TCP on the same veth path, side by side in one run (issue 6's yardstick).
+
+A two-host lab; both MetaRoCE daemons up; then, alternating within each repetition:
+  - TCP throughput: iperf3, one stream, same duration;
+  - RDMA WRITE 1 MiB, one QP: `metaroce perf write-bw` in MetaRoCE mode and in RoCEv2 mode;
+  - round trip of 64 bytes: sockperf ping-pong over TCP vs `metaroce perf write-lat`;
+  - CPU seconds per GiB moved, from the whole machine's /proc/stat over the transfer only (XDP
+    runs in softirq and is charged to no single process, so per-process accounting would
+    flatter MetaRoCE; process start-up is left out for both).
+Medians of --runs repetitions, min and max, and the ratios MetaRoCE / TCP. Every process runs
+unpinned (the same placement for both); numbers are from a shared 2-vCPU VM: compare ratios.
+
+    sudo .venv/bin/python tools/bench/vs_tcp.py [--quick | --full] [--json] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from metaroce.lab import core
+from metaroce.nic import daemon as d
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PY = [sys.executable, "-m", "metaroce.cli"]
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+LAB = "benchtcp"
+
+
+def cpu_jiffies() -> int:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4]               # everything but idle and iowait
+
+
+def in_ns(ns: str, cmd: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", ns] + cmd
+
+
+def timed(fn):
+    j0, t0 = cpu_jiffies(), time.monotonic()
+    out = fn()
+    return out, (cpu_jiffies() - j0) / os.sysconf("SC_CLK_TCK"), time.monotonic() - t0
+
+
+def iperf(ns1, ns2, ip, seconds):
+    srv = subprocess.Popen(in_ns(ns2, ["iperf3", "-s", "-1", "-p", "5299"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.4)
+    try:
+        p = subprocess.run(in_ns(ns1, ["iperf3", "-c", ip, "-p", "5299", "-t", str(seconds),
+                                       "-J"]), capture_output=True, text=True, timeout=seconds + 30)
+        doc = json.loads(p.stdout)
+        end = doc["end"]["sum_received"]
+        return {"bps": end["bits_per_second"], "bytes": end["bytes"]}
+    finally:
+        srv.wait(timeout=10)
+
+
+def sockperf(ns1, ns2, ip, seconds):
+    srv = subprocess.Popen(in_ns(ns2, ["sockperf", "server", "--tcp", "-i", ip, "-p", "5298"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.4)
+    try:
+        p = subprocess.run(in_ns(ns1, ["sockperf", "ping-pong", "--tcp", "-i", ip, "-p", "5298",
+                                       "-m", "64", "-t", str(seconds), "--full-rtt"]),
+                           capture_output=True, text=True, timeout=seconds + 30)
+        pct = {}
+        for line in p.stdout.splitlines():       # "sockperf: ---> percentile 50.000 =   12.345"
+            if "percentile" in line and "=" in line:
+                k = float(line.split("percentile")[1].split("=")[0])
+                pct[k] = float(line.split("=")[1])
+        # --full-rtt reports round trips; perftest reports half round trips: halve to compare
+        return {"lat_p50_us": pct[50.0] / 2, "lat_p99_us": pct[99.0] / 2,
+                "lat_p999_us": pct[99.9] / 2}
+    finally:
+        srv.terminate()
+        srv.wait(timeout=10)
+
+
+def perf(ns1, ns2, ip, test, args, port):
+    srv = subprocess.Popen(PY + ["perf", test, "--dev", "eth0", "--netns", ns2, "-p", str(port),
+                                 "--json", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, env=ENV)
+    time.sleep(0.8)
+    try:
+        p = subprocess.run(PY + ["perf", test, ip, "--dev", "eth0", "--netns", ns1, "-p",
+                                 str(port), "--json", *args],
+                           capture_output=True, text=True, env=ENV, timeout=300)
+        doc = json.loads(p.stdout)
+        if "error" in doc:
+            raise RuntimeError(f"metaroce perf {test}: {doc['error']}")
+        return doc
+    finally:
+        srv.communicate(timeout=30)
+
+
+def summary(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="3 runs of 2 s (default)")
+    g.add_argument("--full", action="store_true", help="7 runs of 5 s")
+    ap.add_argument("--mtu", type=int, default=1500,
+                    help="lab link MTU (3498 is the largest native XDP on veth takes: PMTU 2048)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
+    a = ap.parse_args()
+    runs, secs = (7, 5) if a.full else (3, 2)
+    if LAB in core.state.names() or core.namespaces_of(LAB):
+        core.down(LAB)
+    core.up(LAB, "pair", mtu=a.mtu)
+    view = core.LabView(LAB)
+    ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
+    ip = view.plan.node("h2").iface("eth0").ipv4.split("/")[0]
+    devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
+    res = {k: [] for k in ("tcp_bps", "mr_bps", "roce_bps", "tcp_cpu_s_per_gib",
+                           "mr_cpu_s_per_gib", "roce_cpu_s_per_gib", "tcp_lat_p50_us",
+                           "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us")}
+    try:
+        for dev in devs:
+            d.start_background(dev, "metaroce")
+        gib = 1 << 30
+        for r in range(runs):
+            print(f"vs_tcp: run {r + 1}/{runs}", file=sys.stderr)
+            t, cpu, _ = timed(lambda: iperf(ns1, ns2, ip, secs))
+            res["tcp_bps"].append(t["bps"])
+            res["tcp_cpu_s_per_gib"].append(cpu / (t["bytes"] / gib))
+            for mode, key in (("metaroce", "mr"), ("roce", "roce")):
+                doc = perf(ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode],
+                           18800 + r)
+                res[f"{key}_bps"].append(doc["bw_avg_bps"])
+                res[f"{key}_cpu_s_per_gib"].append(doc["cpu_s_per_gib"])   # the timed loop only
+            lat = sockperf(ns1, ns2, ip, secs)
+            res["tcp_lat_p50_us"].append(lat["lat_p50_us"])
+            res["tcp_lat_p99_us"].append(lat["lat_p99_us"])
+            doc = perf(ns1, ns2, ip, "write-lat", ["-s", "64", "-n", "2000"], 18900 + r)
+            res["mr_lat_p50_us"].append(doc["lat_p50_us"])
+            res["mr_lat_p99_us"].append(doc["lat_p99_us"])
+    finally:
+        for dev in devs:
+            try:
+                d.stop(dev)
+            except Exception:  # noqa: BLE001
+                pass
+        core.down(LAB)
+    out = {k: summary(v) for k, v in res.items()}
+    med = {k: v["median"] for k, v in out.items()}
+    ratios = {"write_bw_metaroce_over_tcp": med["mr_bps"] / med["tcp_bps"],
+              "write_bw_roce_over_tcp": med["roce_bps"] / med["tcp_bps"],
+              "lat_p50_metaroce_over_tcp": med["mr_lat_p50_us"] / med["tcp_lat_p50_us"],
+              "cpu_per_gib_metaroce_over_tcp": med["mr_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"]}
+    doc = {"benchmark": "vs_tcp", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "machine": {"host": platform.node(), "kernel": platform.release(),
+                       "cpus": os.cpu_count()},
+           "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
+           "ratios": {k: round(v, 3) for k, v in ratios.items()}}
+    a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}.json")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    if a.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"{'metric':<28}{'median':>14}{'min':>14}{'max':>14}")
+    for k, v in out.items():
+        print(f"{k:<28}{v['median']:>14.4g}{v['min']:>14.4g}{v['max']:>14.4g}")
+    for k, v in doc["ratios"].items():
+        print(f"{k:<34}{v:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
