@@ -282,6 +282,11 @@ class Daemon:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        try:                                # a clean stop keeps a log only if it says something
+            if os.path.getsize(self.dev.log_path) == 0:
+                os.unlink(self.dev.log_path)
+        except OSError:
+            pass
         self.rx.close()
 
 

@@ -274,11 +274,19 @@ class Device:
         return "metaroce" if qp.metaroce else "roce"
 
     def max_pmtu(self) -> int:
+        """The largest RoCE MTU the link and a UMEM frame hold (the link MTU is read at most
+        once a second: a netlink round trip costs about a millisecond here)."""
+        now = time.monotonic()
+        cached = getattr(self, "_pmtu", None)
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
         from pyroute2 import IPRoute  # noqa: PLC0415
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
         room = min(mtu, self.xsk.frame_size) - 14 - 40 - 8 - 12 - MAX_EXT - 4 - 3
-        return max(m for m in (256, 512, 1024, 2048, 4096) if m <= room)
+        pmtu = max(m for m in (256, 512, 1024, 2048, 4096) if m <= room)
+        self._pmtu = (now, pmtu)
+        return pmtu
 
     def destroy_qp(self, owner, qpn: int) -> None:
         qp = self.own_qp(owner, qpn)
