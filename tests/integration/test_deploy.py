@@ -203,3 +203,32 @@ def _endpoint(run_dir) -> int:
     rep = json.loads(data)
     assert "error" not in rep, rep
     return rep["qpn"]
+
+
+def test_vagrant_provisioning_steps_in_a_lab_host(lab, tmp_path):
+    """vagrant/provision.sh's network and service steps, as the VMs run them, inside h2."""
+    ns = lab.plan.node("h2").netns
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "vagrant", "provision.sh")
+    env = dict(os.environ, NETNS=ns, IFACE="eth0", ADDRESS="10.0.8.2/24", MTU="2000",
+               MODE="roce", ETC=str(tmp_path / "etc"), PREFIX=str(tmp_path / "root"),
+               METAROCE=METAROCE)
+    r = subprocess.run(["bash", script, "network", "service"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "~ eth0: mtu " in r.stdout and "-> 2000" in r.stdout          # the dry run first
+    assert "mtu 2000" in ip("-n", ns, "link", "show", "eth0")
+    assert "10.0.8.2/24" in ip("-n", ns, "addr", "show", "eth0")
+    assert 'mode = "roce"' in (tmp_path / "etc" / "eth0.toml").read_text()
+    assert "systemd-analyze verify: ok" in r.stderr
+    assert "unit installed, not started" in r.stderr
+    assert (tmp_path / "root" / "etc/systemd/system/metaroce@.service").exists()
+    # run again: nothing changes
+    r = subprocess.run(["bash", script, "network"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "no changes" in r.stdout, r.stdout + r.stderr
+    # the final step says what it skips when perf or conformance do not exist (older installs)
+    r = subprocess.run(["bash", script, "check"], env=dict(env, METAROCE="/bin/false"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "skipped: metaroce perf is not available" in r.stderr
+    assert "skipped: metaroce conformance is not available" in r.stderr
