@@ -325,8 +325,9 @@ class ManualAdapter(Adapter):
         for e in self.eps:
             if e.qpn in self.used:
                 continue
-            if access is not None and e.access != access:
+            if e.qpn in self.handed or (access is not None and e.access != access):
                 continue
+            self.handed.add(e.qpn)
             return e
         return None
 
@@ -341,14 +342,15 @@ class ManualAdapter(Adapter):
             return e
         if fresh:
             for e in self.eps:
-                if e.qpn not in self.used and e.qpn not in self.handed and e is not self.current:
+                if e.qpn not in self.used and e.qpn not in self.handed and \
+                        e is not self.current and e.access == ALL_ACCESS:
                     self.handed.add(e.qpn)
                     return e
             raise Skip("no unused endpoint left (a test that drives a QP to ERR needs its "
                        "own; list more endpoints in the description)")
         if self.current is None or self.current.qpn in self.used:
             self.current = next((e for e in self.eps if e.qpn not in self.used
-                                 and e.qpn not in self.handed), None)
+                                 and e.qpn not in self.handed and e.access == ALL_ACCESS), None)
             if self.current is None:
                 raise Skip("no usable endpoint left in the description")
             self.handed.add(self.current.qpn)

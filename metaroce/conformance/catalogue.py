@@ -132,9 +132,9 @@ def _probe_write(t, peer, offset=256, n=64, **kw):
 
 def _silent_drop(t, peer, frame: bytes, clause: str, what: str, offset=256, n=64,
                  count=True):
-    before_mem = dut_bytes(t, peer, offset, n)
+    before_mem = dut_bytes(t, peer, offset, n)      # (a protocol READ moves the PSN: build after)
     before = drops_before(t) if count else None
-    peer.silence(frame, clause, what)
+    peer.silence(frame() if callable(frame) else frame, clause, what)
     counted(t, before, "ERR-2", what)
     untouched(t, peer, offset, before_mem, clause, what)
     still_works(peer, clause, what)
@@ -144,36 +144,45 @@ def _silent_drop(t, peer, frame: bytes, clause: str, what: str, offset=256, n=64
 def t_icrc(t):
     """A request with a wrong ICRC is dropped silently, writes nothing, changes no state."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer)
-    bad = f[:-4] + bytes(b ^ 0x5A for b in f[-4:])
-    _silent_drop(t, peer, bad, "ICRC-1", "WRITE with a wrong ICRC")
-    # a flipped payload bit with the original ICRC is just as wrong
-    [f], _ = _probe_write(t, peer)
-    body = bytearray(f)
-    body[-10] ^= 0x01
-    _silent_drop(t, peer, bytes(body), "ICRC-1", "WRITE with a payload bit flipped")
+
+    def bad_icrc():
+        [f], _ = _probe_write(t, peer)
+        return f[:-4] + bytes(b ^ 0x5A for b in f[-4:])
+    _silent_drop(t, peer, bad_icrc, "ICRC-1", "WRITE with a wrong ICRC")
+
+    def flipped():                  # a flipped payload bit with the original ICRC
+        [f], _ = _probe_write(t, peer)
+        body = bytearray(f)
+        body[-10] ^= 0x01
+        return bytes(body)
+    _silent_drop(t, peer, flipped, "ICRC-1", "WRITE with a payload bit flipped")
 
 
 @case("hdr.tver", "HDR-1 ERR-2")
 def t_tver(t):
     """A request with TVer != 0 is dropped silently."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer)
-    b = bytearray(f)
-    bth = 14 + 20 + 8
-    b[bth + 1] |= 0x01
-    _silent_drop(t, peer, reicrc(bytes(b)), "HDR-1", "WRITE with TVer 1")
+
+    def build():
+        [f], _ = _probe_write(t, peer)
+        b = bytearray(f)
+        b[14 + 20 + 8 + 1] |= 0x01
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, build, "HDR-1", "WRITE with TVer 1")
 
 
 @case("hdr.pkey", "HDR-2 ERR-2")
 def t_pkey(t):
     """P_Key 0x7FFE on a 0xFFFF QP is dropped; the limited-member 0x7FFF is accepted."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer)
-    b = bytearray(f)
     bth = 14 + 20 + 8
-    b[bth + 2:bth + 4] = struct.pack("!H", 0x7FFE)
-    _silent_drop(t, peer, reicrc(bytes(b)), "HDR-2", "WRITE with P_Key 0x7FFE")
+
+    def build():
+        [f], _ = _probe_write(t, peer)
+        b = bytearray(f)
+        b[bth + 2:bth + 4] = struct.pack("!H", 0x7FFE)
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, build, "HDR-2", "WRITE with P_Key 0x7FFE")
     frames = peer.write_frames(peer.ep.addr + 512, b"limited member ok".ljust(32, b"."))
     b = bytearray(frames[0])
     b[bth + 2:bth + 4] = struct.pack("!H", 0x7FFF)
@@ -187,12 +196,13 @@ def t_pkey(t):
 def t_opcode(t):
     """Unknown, reserved and other-transport opcodes are dropped without state change."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer)
-    bth = 14 + 20 + 8
     for op in (0x15, 0x1C, 0x24, 0x64, 0xD5, 0xE3, 0xFF):
-        b = bytearray(f)
-        b[bth] = op
-        _silent_drop(t, peer, reicrc(bytes(b)), "HDR-4", f"opcode 0x{op:02x}")
+        def build(op=op):
+            [f], _ = _probe_write(t, peer)
+            b = bytearray(f)
+            b[14 + 20 + 8] = op
+            return reicrc(bytes(b))
+        _silent_drop(t, peer, build, "HDR-4", f"opcode 0x{op:02x}")
 
 
 @case("hdr.pad", "WIRE-10 ERR-2")
@@ -201,56 +211,63 @@ def t_pad(t):
     a multiple of 4: dropped silently."""
     peer = t.peer()
     bth = 14 + 20 + 8
-    # READ request (no payload) with PadCnt 2
-    f = peer.read_frame(peer.ep.addr, 8)
-    b = bytearray(f)
-    b[bth + 1] |= 0x20
-    _silent_drop(t, peer, reicrc(bytes(b)), "WIRE-10", "READ request with PadCnt 2")
-    # WRITE_ONLY of 0 bytes claiming PadCnt 3
-    [f] = peer.write_frames(peer.ep.addr + 256, b"", dma_len=0)
-    b = bytearray(f)
-    b[bth + 1] |= 0x30
-    _silent_drop(t, peer, reicrc(bytes(b)), "WIRE-10", "WRITE_ONLY without data, PadCnt 3")
-    # WRITE_ONLY whose data after the headers is 6 bytes (not a multiple of 4)
-    [f], _ = _probe_write(t, peer, n=8)
-    l3 = bytearray(f[14:-4])
-    l3 = l3[:-2]                                  # drop 2 payload bytes
-    struct.pack_into("!H", l3, 2, len(l3) + 4)    # IPv4 total length
-    struct.pack_into("!H", l3, 24, len(l3) + 4 - 20)  # UDP length
-    frame = fix_ipv4_checksum(bytes(f[:14] + l3 + b"\0\0\0\0"))
-    _silent_drop(t, peer, reicrc(frame), "WIRE-10", "WRITE_ONLY with 6 data bytes", n=8)
+
+    def read_pad():                 # READ request (no payload) with PadCnt 2
+        b = bytearray(peer.read_frame(peer.ep.addr, 8))
+        b[bth + 1] |= 0x20
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, read_pad, "WIRE-10", "READ request with PadCnt 2")
+
+    def empty_pad():                # WRITE_ONLY of 0 bytes claiming PadCnt 3
+        [f] = peer.write_frames(peer.ep.addr + 256, b"", dma_len=0)
+        b = bytearray(f)
+        b[bth + 1] |= 0x30
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, empty_pad, "WIRE-10", "WRITE_ONLY without data, PadCnt 3")
+
+    def unaligned():                # WRITE_ONLY whose data after the headers is 6 bytes
+        [f], _ = _probe_write(t, peer, n=8)
+        l3 = bytearray(f[14:-4])[:-2]                     # drop 2 payload bytes
+        struct.pack_into("!H", l3, 2, len(l3) + 4)        # IPv4 total length
+        struct.pack_into("!H", l3, 24, len(l3) + 4 - 20)  # UDP length
+        return reicrc(fix_ipv4_checksum(bytes(f[:14] + l3 + b"\0\0\0\0")))
+    _silent_drop(t, peer, unaligned, "WIRE-10", "WRITE_ONLY with 6 data bytes", n=8)
 
 
 @case("hdr.truncated", "WIRE-6 SEC-5 ERR-2")
 def t_truncated(t):
     """Truncated headers and lengths that exceed the frame are dropped silently."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer, n=16)
-    bth = 14 + 20 + 8
-    cut = bth + 12 + (20 if t.metaroce else 0) + 8     # BTH (+PETH) + half a RETH
-    l3 = bytearray(f[14:cut])
-    struct.pack_into("!H", l3, 2, len(l3) + 4)
-    struct.pack_into("!H", l3, 24, len(l3) + 4 - 20)
-    frame = reicrc(fix_ipv4_checksum(bytes(f[:14] + l3 + b"\0\0\0\0")))
-    _silent_drop(t, peer, frame, "SEC-5", "WRITE_ONLY cut inside its RETH", n=16)
-    # IP and UDP lengths claiming 64 bytes more than the frame holds
-    [f], _ = _probe_write(t, peer, n=16)
-    b = bytearray(f)
-    struct.pack_into("!H", b, 16, struct.unpack_from("!H", b, 16)[0] + 64)
-    struct.pack_into("!H", b, 38, struct.unpack_from("!H", b, 38)[0] + 64)
+
+    def cut_reth():                 # BTH (+PETH) + half a RETH
+        [f], _ = _probe_write(t, peer, n=16)
+        cut = 14 + 20 + 8 + 12 + (20 if t.metaroce else 0) + 8
+        l3 = bytearray(f[14:cut])
+        struct.pack_into("!H", l3, 2, len(l3) + 4)
+        struct.pack_into("!H", l3, 24, len(l3) + 4 - 20)
+        return reicrc(fix_ipv4_checksum(bytes(f[:14] + l3 + b"\0\0\0\0")))
+    _silent_drop(t, peer, cut_reth, "SEC-5", "WRITE_ONLY cut inside its RETH", n=16)
+
+    def too_long():                 # IP and UDP lengths 64 bytes beyond the frame
+        [f], _ = _probe_write(t, peer, n=16)
+        b = bytearray(f)
+        struct.pack_into("!H", b, 16, struct.unpack_from("!H", b, 16)[0] + 64)
+        struct.pack_into("!H", b, 38, struct.unpack_from("!H", b, 38)[0] + 64)
+        return fix_ipv4_checksum(bytes(b))
     # (not required to be counted by the DUT: a switch on the path may discard it first)
-    _silent_drop(t, peer, fix_ipv4_checksum(bytes(b)), "WIRE-6",
-                 "IP/UDP lengths beyond the frame", n=16, count=False)
+    _silent_drop(t, peer, too_long, "WIRE-6", "IP/UDP lengths beyond the frame", n=16,
+                 count=False)
 
 
 @case("hdr.qpn", "ERR-2 SEC-5")
 def t_wrong_qpn(t):
     """A request to a QPN that does not exist is dropped silently."""
     peer = t.peer()
-    f = peer.frame(peer.op(O.RC_RDMA_WRITE_ONLY), peer.psn,
-                   [RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=32)], b"x" * 32,
-                   ack_req=1, dest_qp=peer.ep.qpn ^ 0x5A5A5A)
-    _silent_drop(t, peer, f, "ERR-2", "WRITE to an unknown QPN", n=32)
+    def build():
+        return peer.frame(peer.op(O.RC_RDMA_WRITE_ONLY), peer.psn,
+                          [RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=32)],
+                          b"x" * 32, ack_req=1, dest_qp=peer.ep.qpn ^ 0x5A5A5A)
+    _silent_drop(t, peer, build, "ERR-2", "WRITE to an unknown QPN", n=32)
 
 
 @case("hdr.source", "SEC-3 ERR-2")
@@ -259,11 +276,11 @@ def t_source(t):
     peer = t.peer()
     other = ".".join(peer.my_ip.split(".")[:3] + [str((int(peer.my_ip.split(".")[3]) + 77) % 250 + 2)]) \
         if ":" not in peer.my_ip else peer.my_ip[:-1] + "9"
-    data = os.urandom(64)
-    f = peer.frame(peer.op(O.RC_RDMA_WRITE_ONLY), peer.psn,
-                   [RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=64)], data,
-                   ack_req=1, ip_kw={"src": other})
-    _silent_drop(t, peer, f, "SEC-3", f"WRITE from {other} (not the connected peer)")
+    def build():
+        return peer.frame(peer.op(O.RC_RDMA_WRITE_ONLY), peer.psn,
+                          [RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=64)],
+                          os.urandom(64), ack_req=1, ip_kw={"src": other})
+    _silent_drop(t, peer, build, "SEC-3", f"WRITE from {other} (not the connected peer)")
 
 
 @case("hdr.udp_checksum", "WIRE-7 ICRC-2")
@@ -295,10 +312,10 @@ def t_sport(t):
 def t_fragment(t):
     """An IPv4 fragment (MF set) is not delivered."""
     peer = t.peer()
+    before = dut_bytes(t, peer, 4096, 64)
     [f], data = _probe_write(t, peer, offset=4096, n=64)
     b = bytearray(f)
     struct.pack_into("!H", b, 14 + 6, 0x2000)           # MF, offset 0, DF clear
-    before = dut_bytes(t, peer, 4096, 64)
     peer.silence(fix_ipv4_checksum(bytes(b)), "WIRE-5", "first fragment of a WRITE")
     untouched(t, peer, 4096, before, "WIRE-5", "IPv4 fragment")
     still_works(peer, "WIRE-5", "an IPv4 fragment")
@@ -378,11 +395,11 @@ def t_duplicate(t):
 def t_gap_nak(t):
     """A gap gets exactly one NAK 0x60 with ePSN; later ahead packets are dropped silently."""
     peer = t.peer()
+    before = dut_bytes(t, peer, 5000, 164)
     e = peer.psn
     d1, d2 = pattern(64, 21), pattern(64, 22)
     f1 = peer.write_frames(peer.ep.addr + 5000, d1, psn=psn_add(e, 1))
     f2 = peer.write_frames(peer.ep.addr + 5100, d2, psn=psn_add(e, 2))
-    before = dut_bytes(t, peer, 5000, 164)
     got = peer.exchange(f1, until=lambda ps: bool(ps))
     naks = [p for p in got if is_nak(p, 0)]
     check(naks and naks[0].bth.psn == e, "COMPAT-2",
@@ -434,8 +451,8 @@ def t_gap_sack(t):
 def t_window_compat(t):
     """PSN ePSN+2^23-1 is ahead (NAK 0x60, nothing written)."""
     peer = t.peer()
-    e = peer.psn
     before = dut_bytes(t, peer, 7000, 64)
+    e = peer.psn
     f = peer.write_frames(peer.ep.addr + 7000, pattern(64, 44), psn=psn_add(e, C.PSN_HALF - 1))
     got = peer.exchange(f, until=lambda ps: bool(ps))
     check([p for p in got if is_nak(p, 0) and p.bth.psn == e], "PSN-3",
@@ -451,9 +468,9 @@ def t_window_edge(t):
     w = peer.ep.window
     if not w:
         raise Skip("the description gives no MetaRoCE window (\"window\")")
-    e = peer.psn
     base = 9000
     before = dut_bytes(t, peer, base, 3 * 64)
+    e = peer.psn
     inside = pattern(64, 51)
     f_in = [peer.frame(peer.op(O.RC_RDMA_WRITE_ONLY), psn_add(e, w - 1),
                        [RETH(va=peer.ep.addr + base, rkey=peer.ep.rkey, dma_len=64)], inside,
@@ -850,28 +867,28 @@ def t_foreign(t):
     opcodes on a MetaRoCE QP (EXT-2)."""
     peer = t.peer()
     data = pattern(64, 111)
-    if t.metaroce:
-        f = peer.frame(O.RC_RDMA_WRITE_ONLY, peer.psn,
-                       [RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=64)], data,
-                       ack_req=1)
-        clause = "EXT-2"
-    else:
-        f = peer.frame(O.MR_RDMA_WRITE_ONLY, peer.psn,
-                       [PETH(path_id=0, ssn=0, offset=0),
-                        RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=64)], data,
-                       ack_req=1)
-        clause = "CM-7"
-    _silent_drop(t, peer, f, clause, "a WRITE_ONLY in the other mode's opcode space")
+
+    def build():
+        reth = RETH(va=peer.ep.addr + 256, rkey=peer.ep.rkey, dma_len=64)
+        if t.metaroce:
+            return peer.frame(O.RC_RDMA_WRITE_ONLY, peer.psn, [reth], data, ack_req=1)
+        return peer.frame(O.MR_RDMA_WRITE_ONLY, peer.psn,
+                          [PETH(path_id=0, ssn=0, offset=0), reth], data, ack_req=1)
+    clause = "EXT-2" if t.metaroce else "CM-7"
+    _silent_drop(t, peer, build, clause, "a WRITE_ONLY in the other mode's opcode space")
 
 
 @case("neg.reserved_peth", "EXT-4", modes=MR)
 def t_peth_reserved(t):
     """A PETH with a reserved bit set is discarded."""
     peer = t.peer()
-    [f], _ = _probe_write(t, peer)
-    b = bytearray(f)
-    b[14 + 20 + 8 + 12 + 1] |= 0x01                  # an undefined PETH flag bit
-    _silent_drop(t, peer, reicrc(bytes(b)), "EXT-4", "PETH with an undefined flag bit")
+
+    def build():
+        [f], _ = _probe_write(t, peer)
+        b = bytearray(f)
+        b[14 + 20 + 8 + 12 + 1] |= 0x01              # an undefined PETH flag bit
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, build, "EXT-4", "PETH with an undefined flag bit")
 
 
 # ---- multipath and reordering (MetaRoCE) -----------------------------------------------------

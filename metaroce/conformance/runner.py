@@ -63,6 +63,7 @@ class Context:
         self.adapter, self.side, self.wire = adapter, side, wire
         self.metaroce = adapter.mode == "metaroce"
         self._peers: dict[int, Peer] = {}
+        self.touched: list[Peer] = []
 
     def peer(self, *, fresh: bool = False, access: int = ALL_ACCESS,
              tester_psn: int | None = None) -> Peer:
@@ -71,6 +72,7 @@ class Context:
         if p is None or p.ep is not ep:
             p = Peer(self.wire, ep, self.side.mac, self.side.ip, self.metaroce)
             self._peers[ep.qpn] = p
+        self.touched.append(p)
         return p
 
 
@@ -124,6 +126,14 @@ def run(adapter: Adapter, only: str | None = None, progress=None) -> RunReport:
                 r.clause = ""
                 tb = traceback.format_exc(limit=3)
                 r.message += "\n" + tb
+            if r.status in ("failed", "error"):
+                for p in ctx.touched:            # a shared endpoint may be out of step now
+                    if not p.broken:
+                        try:
+                            p.resync()
+                        except Exception:  # noqa: BLE001
+                            pass
+            ctx.touched = []
             r.seconds = round(time.monotonic() - s, 3)
             rep.results.append(r)
             if progress:

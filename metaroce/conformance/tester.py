@@ -402,6 +402,21 @@ class Peer:
         self.advance(len(frames))
         return ack
 
+    def resync(self) -> bool:
+        """After a failed test the DUT and the tester may disagree on the next PSN: ask the DUT
+        with a zero-length duplicate WRITE (AckReq, far behind) whose re-ACK carries its last
+        completed PSN and MSN (RESP-4 / SACK-3). True when the DUT answered."""
+        probe = self.write_frames(self.ep.addr, b"", psn=psn_add(self.psn, -(1 << 22)),
+                                  dma_len=0)
+        got = self.exchange(probe, until=lambda ps: any(is_plain_ack(p) for p in ps),
+                            timeout=SILENCE_S)
+        acks = [p for p in got if is_plain_ack(p)]
+        if not acks:
+            return False
+        self.psn = psn_add(acks[-1].bth.psn, 1)
+        self.msn = acks[-1].get(AETH).msn
+        return True
+
     def advance(self, npsn: int, messages: int = 1, recv: bool = False) -> None:
         self.psn = psn_add(self.psn, npsn)
         self.msn = (self.msn + messages) & C.MSN_MASK
