@@ -1,6 +1,7 @@
 """Every operation across a routed leaf-spine lab (h1 under leaf1, h4 under leaf2, two spines,
 ECMP): the data path takes its destination MAC from the kernel's route and neighbour tables, so
-frames go to the leaf router, not to the peer. IPv4 and IPv6; data verified byte for byte."""
+frames go to the leaf router, not to the peer. IPv4 and IPv6, RoCEv2 and MetaRoCE mode (the
+devices offer MetaRoCE; each connection asks for one mode); data verified byte for byte."""
 
 import os
 
@@ -19,7 +20,7 @@ def fabric(module_lab_name):
     core.up(module_lab_name, "leaf-spine", hosts=4)
     view = core.LabView(module_lab_name)
     try:
-        with daemons(view, hosts=("h1", "h4")):
+        with daemons(view, hosts=("h1", "h4"), mode="metaroce"):
             c1 = Context("eth0", view.plan.node("h1").netns)
             c4 = Context("eth0", view.plan.node("h4").netns)
             yield view, c1, c4
@@ -29,11 +30,13 @@ def fabric(module_lab_name):
         core.down(module_lab_name)
 
 
+@pytest.mark.parametrize("mode", ["roce", "metaroce"])
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
-def test_all_operations_across_the_fabric(fabric, v6):
+def test_all_operations_across_the_fabric(fabric, v6, mode):
     view, c1, c4 = fabric
     a, b = End(c1, 4 * MiB), End(c4, 4 * MiB)
-    connect(a, b, ip_of(view, "h1", v6), ip_of(view, "h4", v6))
+    connect(a, b, ip_of(view, "h1", v6), ip_of(view, "h4", v6), mode=mode)
+    assert a.qp.query()["mode"] == b.qp.query()["mode"] == mode
     assert a.qp.path["path"]["next_hop"] != ip_of(view, "h4", v6)     # routed, not on-link
 
     data = os.urandom(MiB + 77)
