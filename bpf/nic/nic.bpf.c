@@ -974,10 +974,10 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         d = 0;                                /* older than what is acknowledged */
     if (d > outstanding)
         return RX_UNEXPECTED_RESPONSE;        /* beyond what was sent (RESP-12) */
-    if (d) {
+    if (d) {                                  /* imm: the timestamp echo, an RTT sample */
         qp->una = (psn + 1) & PSN_MASK;
         qp->acks_received++;
-        event(EV_ACK, qpn, psn, syn, 0, 0, 0, 0, msn);
+        event(EV_ACK, qpn, psn, syn, 0, 0, bpf_ntohl(sk.ts), 1, msn);
     }
     if (type == 1) {                          /* RNR: PSN cumulative + 1 waits (SACK-6) */
         qp->rnr_nak_received++;
@@ -998,6 +998,7 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         ev.wr_id = hi;
         ev.va = lo;
         ev.flags = sk.flags;
+        ev.imm = bpf_ntohl(sk.ts);
         ev.msn = msn;
         emit(&ev);
     }
@@ -1048,6 +1049,23 @@ int nic_rx(struct xdp_md *ctx)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
     if (op != CNP_OPCODE && mr != !!qp->metaroce)  /* the other mode's opcodes (EXT-2) */
         return verdict(RX_WRONG_MODE, XDP_DROP);
+    /* Header rules computed without branches into fresh values, so that the checks refine no
+     * register the ICRC loop below depends on (the verifier would otherwise verify that loop
+     * once per refined state and run out of budget):
+     *  - TVer must be 0 (HDR-1);
+     *  - BTH through ICRC is a multiple of 4 bytes, and only payload opcodes may pad (WIRE-10);
+     *  - the QP's P_Key is the default 0xFFFF, a full member: only 0x7FFF/0xFFFF match (HDR-2). */
+    {
+        u32 rop = op & 0x3F;
+        u32 cls = (op >> 6) ^ 2;                          /* 0 for CNP's class (0x80-0xBF) */
+        u32 payload = (u32)(PAYLOAD_OPCODES >> rop) & ((cls | cls >> 1) & 1);
+        u32 bad = (bth.flags & 0x0F) | (l4 & 3) | (pad & (payload - 1));
+        if (bad)
+            return verdict(RX_MALFORMED, XDP_DROP);
+        u32 pk = (bpf_ntohs(bth.pkey) & 0x7FFF) ^ 0x7FFF;
+        if (pk)
+            return verdict(RX_BAD_PKEY, XDP_DROP);
+    }
 #ifndef MUTANT_SKIP_ICRC                /* conformance self-test only: ICRC not checked */
     if (!icrc_ok(ctx, &rp, l4))
         return verdict(RX_BAD_ICRC, XDP_DROP);

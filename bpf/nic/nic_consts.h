@@ -64,6 +64,8 @@
 #define MR_ATOMIC_ACKNOWLEDGE 0xD2
 #define MR_COMPARE_SWAP 0xD3
 #define MR_FETCH_ADD 0xD4
+/* bit n set: RC opcode n (or MetaRoCE 0xC0 | n) carries a payload: SEND, WRITE, READ response */
+#define PAYLOAD_OPCODES ((1ULL << 12) - 1 | 0xFULL << 13)
 #define PETH_LEN 20
 #define SACKETH_LEN 32
 #define PETH_F_RETX 0x80
@@ -135,7 +137,8 @@
 #define RX_WRONG_MODE 21          /* a RoCEv2 opcode on a MetaRoCE QP or the reverse (EXT-2) */
 #define RX_BEYOND_WINDOW 22       /* MetaRoCE: PSN past the receive window, or a READ/ATOMIC
                                    * ahead of the cumulative PSN (PLACE-5): not recorded */
-#define RX_NREASONS 23
+#define RX_BAD_PKEY 23             /* P_Key does not match the QP's (HDR-2) */
+#define RX_NREASONS 24
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0

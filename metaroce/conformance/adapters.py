@@ -202,7 +202,8 @@ class ReferenceAdapter(Adapter):
     def drops(self) -> dict:
         c = self.ctx.status()["counters"]
         keep = ("malformed", "unknown_qp", "bad_opcode_seq", "unsupported_opcode", "bad_icrc",
-                "wrong_source", "wrong_mode", "beyond_window", "psn_out_of_order", "qp_error")
+                "wrong_source", "wrong_mode", "beyond_window", "psn_out_of_order", "qp_error",
+                "bad_pkey")
         return {k: c.get(k, 0) for k in keep}
 
     def qp_info(self, ep) -> dict:

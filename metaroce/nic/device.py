@@ -38,6 +38,9 @@ MAX_INLINE = 256
 WINDOW_PKTS = 1024       # request packets in flight per QP (go-back-N window)
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
 MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
+# RTO-1: the spec's default RTO_min is 50 us; this software NIC's event loop (Python, woken
+# across vCPUs) has millisecond jitter, so its floor is 1 ms: a lower one retransmits spuriously
+RTO_MIN_S = 1e-3
 MAX_MSG = 1 << 31
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
                  "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
@@ -129,10 +132,13 @@ class Qp:
         self.retx_sent: set[int] = set()        # retransmitted once for this loss (SACK-5)
         self.rx_epsn = None                     # the responder's cumulative PSN as last heard
         self.recv_wait: dict[int, tuple] = {}   # RSN -> (last PSN, WC): completes in order
+        self.srtt = None                        # RTO-1 estimator (seconds)
+        self.rttvar = 0.0
+        self.backoff = 1                        # RTO-2 doubling until progress
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
-                      "selective_retransmits": 0,
+                      "selective_retransmits": 0, "rto_expired": 0,
                       "cnp_received": 0}
 
     @property
@@ -452,7 +458,7 @@ class Device:
             i, p = qp.cursor
             qp.cursor = (max(0, i - n), p if i >= n else 0)
             qp.retries_left = qp.retry_cnt
-            qp.deadline = (time.monotonic() + qp.timeout) if qp.sq and qp.timeout else None
+            qp.deadline = (time.monotonic() + self._timer(qp)) if qp.sq and qp.timeout else None
 
     def _flush(self, qp: Qp, failing: SendWqe | None, status: int = 0) -> None:
         """ERR: the failing WQE gets its status, every later one (and receives) a flush."""
@@ -482,6 +488,34 @@ class Device:
                     qp.stats["retransmitted_packets"] += sum(x.npkts for x in list(qp.sq)[i:]) - pkt
                 qp.cursor = (i, pkt)
                 return
+
+    # ---- retransmission timer ---------------------------------------------------------------
+
+    def _timer(self, qp: Qp) -> float | None:
+        """The retransmission timeout now: compat mode the local ACK timeout (RESP-8); MetaRoCE
+        mode RFC 6298's estimate from SACK timestamp echoes (RTO-1), the low tail RTO with 4 or
+        fewer packets outstanding (RTO-3), doubled per expiry without progress (RTO-2), never
+        above the local ACK timeout."""
+        if not qp.metaroce or qp.timeout is None:
+            return qp.timeout
+        if qp.srtt is None:
+            return qp.timeout
+        if qp.in_flight_pkts <= 4:
+            base = max(2 * qp.srtt, RTO_MIN_S)
+        else:
+            base = max(qp.srtt + max(4 * qp.rttvar, 5e-6), RTO_MIN_S)
+        return min(base * qp.backoff, qp.timeout)
+
+    @staticmethod
+    def _rtt_sample(qp: Qp, ts_echo: int) -> None:
+        r = ((time.monotonic_ns() & 0xFFFFFFFF) - ts_echo & 0xFFFFFFFF) / 1e9
+        if r <= 0 or r > 1.0:
+            return                                  # not one of ours, or wrapped: no sample
+        if qp.srtt is None:
+            qp.srtt, qp.rttvar = r, r / 2
+        else:
+            qp.rttvar = 0.75 * qp.rttvar + 0.25 * abs(qp.srtt - r)
+            qp.srtt = 0.875 * qp.srtt + 0.125 * r
 
     # ---- MetaRoCE selective repeat (SACK-4, SACK-5) ----------------------------------------
 
@@ -603,12 +637,15 @@ class Device:
                 continue
             t = e.type
             if t == EV_ACK:
+                if e.flags & 1 and qp.metaroce:
+                    self._rtt_sample(qp, e.imm)
                 if _after(_add(e.psn, 1), qp.una):       # progress: full retry budget again
                     qp.una = _add(e.psn, 1)
                     qp.retries_left = qp.retry_cnt
                     qp.rnr_left = qp.rnr_retry
+                    qp.backoff = 1
                     if qp.timeout:
-                        qp.deadline = time.monotonic() + qp.timeout
+                        qp.deadline = time.monotonic() + self._timer(qp)
                     if qp.metaroce:
                         self._prune_sacked(qp)
                 self._retire(qp)
@@ -636,14 +673,15 @@ class Device:
                 qp.rx_epsn = e.psn
                 self._release_recvs(qp)
             elif t == EV_SACK:
+                self._rtt_sample(qp, e.imm)
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
                 if qp.rq_wr_ids:
                     qp.rq_wr_ids.popleft()
                 self._wc(qp.recv_cq, self._recv_wc(qp, e, t == EV_RECV))
-            elif t == EV_QP_ERROR:
-                qp.state = "ERR"
+            elif t == EV_QP_ERROR:                      # the responder sent a fatal NAK:
+                self._flush(qp, None)                      # ERR, everything flushed (ERR-1)
             elif t == EV_CNP:
                 qp.stats["cnp_received"] += 1
         return n
@@ -730,16 +768,20 @@ class Device:
             if qp.pending:
                 self._assign(qp)
             if qp.deadline is not None and now > qp.deadline and qp.sq:
-                qp.stats["local_ack_timeout_err"] += 1
-                qp.retries_left -= 1
-                if qp.retries_left < 0:
-                    self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
-                    continue
+                rto = self._timer(qp)
+                qp.stats["rto_expired"] += 1
+                if not qp.metaroce or rto >= qp.timeout:   # RTO-2: only at RTO_max (RESP-9)
+                    qp.stats["local_ack_timeout_err"] += 1
+                    qp.retries_left -= 1
+                    if qp.retries_left < 0:
+                        self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
+                        continue
                 if qp.metaroce:
+                    qp.backoff = min(qp.backoff * 2, 1 << 16)
                     self._rto_selective(qp)
                 else:
                     self._go_back(qp, qp.una)
-                qp.deadline = now + qp.timeout
+                qp.deadline = now + self._timer(qp)
             if now < qp.hold_until:
                 continue
             if qp.retx:
@@ -776,7 +818,7 @@ class Device:
                 break
         qp.cursor = (i, pkt)
         if qp.sq and qp.deadline is None and qp.timeout:
-            qp.deadline = now + qp.timeout
+            qp.deadline = now + self._timer(qp)
         return queued
 
     def idle(self) -> bool:
@@ -803,6 +845,12 @@ class Device:
                "sq_outstanding": len(qp.sq) + len(qp.pending), "window_pkts": qp.in_flight_pkts}
         out.update({k: st.get(k, 0) for k in QP_COUNTERS})
         out.update(qp.stats)
+        if qp.srtt is not None:
+            out["srtt_us"] = round(qp.srtt * 1e6, 1)
+            out["rttvar_us"] = round(qp.rttvar * 1e6, 1)
+        rto = self._timer(qp)
+        out["rto_us"] = round(rto * 1e6, 1) if rto else None
+        out["cwnd_pkts"] = MR_WINDOW_PKTS if qp.metaroce else WINDOW_PKTS
         return out
 
     def close(self) -> None:

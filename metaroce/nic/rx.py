@@ -20,7 +20,7 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
               "bad_icrc", "duplicate", "rnr", "qp_error", "wrong_source", "ack", "read_request",
               "atomic", "unexpected_response", "invalid_request", "cnp", "wrong_mode",
-              "beyond_window")
+              "beyond_window", "bad_pkey")
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
 RQ_DEPTH, RD_DEPTH = 256, 16

@@ -32,7 +32,7 @@ HW_COUNTERS = {
 DROP_REASONS = ("malformed", "unknown_qp", "psn_out_of_order", "bad_opcode_seq", "bad_rkey",
                 "mr_bounds", "mr_access", "unsupported_opcode", "bad_icrc", "duplicate", "rnr",
                 "qp_error", "wrong_source", "unexpected_response", "invalid_request",
-                "wrong_mode", "beyond_window")
+                "wrong_mode", "beyond_window", "bad_pkey")
 QP_FIELDS = ("rx_packets", "rx_bytes", "sent_packets", "sent_bytes", "out_of_sequence",
              "duplicate_request", "packet_seq_err", "rnr_nak_received", "local_ack_timeout_err",
              "retransmitted_packets", "read_response_packets", "np_cnp_sent", "rp_cnp_handled",

@@ -210,9 +210,9 @@ def test_icrc_is_verified_before_placement(rx, v6):
     rx.set_qp(QPN, epsn=0, pd=PD)
     data = bytes(range(200)) * 7                  # 1400 B: full ICRC chunks plus a tail
     good = bytearray(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, len(data)) + data, v6=v6))
-    for flip in (len(good) - 100, len(good) - 1, 14 + (40 if v6 else 20) + 8 + 2):
+    for flip in (len(good) - 100, len(good) - 1, 14 + (40 if v6 else 20) + 8 + 11):
         bad = bytearray(good)
-        bad[flip] ^= 0x01                         # payload, ICRC itself, BTH P_Key
+        bad[flip] ^= 0x01                         # payload, ICRC itself, BTH PSN
         before = rx.counters()
         rc, _, _ = rx.run(bytes(bad))
         assert rc == XDP_DROP and delta(rx, before) == {"bad_icrc": 1}, flip
@@ -242,9 +242,15 @@ def test_icrc_every_length_class(rx, size):
     rx.set_qp(QPN, epsn=0, pd=PD)
     data = bytes((i * 31) & 0xFF for i in range(size))
     before = rx.counters()
-    rc, _, _ = rx.run(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, size) + data))
+    pad = -size % 4                           # padded as WIRE-10 requires
+    rc, _, _ = rx.run(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, size) + data, pad=pad))
     assert rc == XDP_DROP and delta(rx, before) == {"placed": 1}
     assert bytes(mr.buf[:size]) == data
+    if pad:                                   # unpadded, the same packet is refused
+        rx.set_qp(QPN, epsn=1, pd=PD)
+        before = rx.counters()
+        rc, _, _ = rx.run(pkt(WRITE_ONLY, 1, reth(mr.addr, mr.rkey, size) + data))
+        assert rc == XDP_DROP and delta(rx, before) == {"malformed": 1}
     rx.dereg_mr(mr)
 
 

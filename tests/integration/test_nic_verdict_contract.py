@@ -36,9 +36,11 @@ NAK_VERDICT = {"tx_nak_seq": Verdict.NAK_SEQ, "tx_nak_inv_req": Verdict.NAK_INVA
 
 
 def frame(op, psn, body):
+    pad = -len(body) % 4                    # WIRE-10: pad to 4 bytes, PadCnt says how many
     return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
                  IP(src="10.9.0.1", dst="10.9.0.2") / UDP(sport=49200, dport=4791) /
-                 BTH(opcode=op, dqpn=QPN, psn=psn & 0xFFFFFF) / Raw(body))
+                 BTH(opcode=op, dqpn=QPN, psn=psn & 0xFFFFFF, padcount=pad) /
+                 Raw(body + bytes(pad)))
 
 
 def kernel_verdict(rx, before) -> Verdict:
