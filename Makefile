@@ -23,6 +23,12 @@ test-integration: setup
 fuzz: setup
 	$(VENV)/bin/metaroce fuzz --packets 1000000
 
+# the quick benchmark set (each script also has --full); results and plots in tools/bench/results
+bench: setup
+	$(VENV)/bin/pip install -q -e '.[bench]'
+	$(PY) tools/bench/vs_tcp.py --quick
+	$(PY) tools/bench/loss_sweep.py --quick
+
 clean:
 	-$(VENV)/bin/metaroce lab down --all 2>/dev/null
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Goodput and message completion time under random loss: MetaRoCE mode (selective repeat)
+against RoCEv2 compat mode (go-back-N) and TCP (iperf3), on the same lab link, side by side.
+
+A two-host lab; both devices offer MetaRoCE; for each loss rate the lab's XDP impairment drops
+that fraction of frames in both directions of h1's link (the same seeded draw for every
+contender), then each contender runs for --seconds: RDMA WRITEs of --size bytes with --depth in
+flight on one QP (goodput = bytes completed / time; completion time of each message from post to
+its completion), and iperf3 for TCP goodput. Repeated --runs times, alternating contenders;
+medians (min, max) go to JSON and a PNG plot.
+
+    sudo .venv/bin/python tools/bench/loss_sweep.py [--quick | --full] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from metaroce.lab import core
+from metaroce.lab.impair import Impairment
+from metaroce.nic import daemon as d
+from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
+                            IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPInitAttr, SendWR,
+                            wc_status_str)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAB = "benchloss"
+ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+
+
+def rdma_run(c1, c2, ip1, ip2, mode, size, depth, seconds):
+    ends = []
+    for c in (c1, c2):
+        pd = PD(c)
+        mr = MR(pd, size * depth, ACCESS)
+        cq = CQ(c, 4096)
+        ends.append((pd, mr, cq, QP(pd, QPInitAttr(cq, cq))))
+    (pa, ma, ca, qa), (pb, mb, cb, qb) = ends
+    qa.connect({"qpn": qb.qp_num, "psn": qb.psn, "ip": ip2, "mode": mode})
+    qb.connect({"qpn": qa.qp_num, "psn": qa.psn, "ip": ip1, "mode": mode})
+    posted_at, fct, done_bytes, errors = {}, [], 0, 0
+    t0 = time.monotonic()
+    end = t0 + seconds
+    nxt = 0
+    try:
+        while True:
+            now = time.monotonic()
+            while len(posted_at) < depth and now < end:
+                slot = nxt % depth
+                qa.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=nxt, sg_list=[ma.sge(slot * size, size)],
+                                    remote_addr=mb.addr + slot * size, rkey=mb.rkey))
+                posted_at[nxt] = time.monotonic()
+                nxt += 1
+            if not posted_at:
+                break
+            for w in ca.wait(1, timeout_s=120):
+                if w.status != IBV_WC_SUCCESS:
+                    errors += 1
+                    raise RuntimeError(f"{mode}: {wc_status_str(w.status)}")
+                fct.append(time.monotonic() - posted_at.pop(w.wr_id))
+                done_bytes += size
+    finally:
+        elapsed = time.monotonic() - t0
+        retx = qa.query().get("retransmitted_packets", 0)
+        for pd, mr, cq, qp in ends:
+            qp.close()
+            mr.close()
+    fct.sort()
+    p99 = fct[max(0, int(len(fct) * 0.99) - 1)] if fct else None
+    return {"goodput_bps": done_bytes * 8 / elapsed, "fct_p50_s": fct[len(fct) // 2] if fct else None,
+            "fct_p99_s": p99, "messages": len(fct), "retransmitted_packets": retx,
+            "app_errors": errors}
+
+
+def tcp_run(ns1, ns2, ip2, seconds):
+    srv = subprocess.Popen(["ip", "netns", "exec", ns2, "iperf3", "-s", "-1", "-p", "5297"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.4)
+    try:
+        p = subprocess.run(["ip", "netns", "exec", ns1, "iperf3", "-c", ip2, "-p", "5297", "-t",
+                            str(seconds), "-J"], capture_output=True, text=True,
+                           timeout=seconds + 60)
+        return {"goodput_bps": json.loads(p.stdout)["end"]["sum_received"]["bits_per_second"]}
+    finally:
+        srv.wait(timeout=30)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
+
+
+def plot(doc, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("loss_sweep: matplotlib is not installed (pip install -e .[bench]): no plot",
+              file=sys.stderr)
+        return None
+    losses = [p["loss"] * 100 for p in doc["points"]]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("metaroce", "MetaRoCE (selective repeat)"), ("roce", "RoCEv2 (go-back-N)"),
+                       ("tcp", "TCP (iperf3)")):
+        ys = [p[key]["goodput_bps"]["median"] / 1e9 for p in doc["points"]]
+        ax[0].plot(losses, ys, marker="o", label=label)
+        if key != "tcp":
+            ys = [(p[key]["fct_p99_s"] or {"median": float("nan")})["median"] * 1e3
+                  for p in doc["points"]]
+            ax[1].plot(losses, ys, marker="o", label=label)
+    ax[0].set(xlabel="random loss each way (%)", ylabel="goodput (Gbit/s)",
+              title="Goodput (median)")
+    ax[1].set(yscale="log", xlabel="random loss each way (%)",
+              ylabel="p99 message completion (ms)", title=f"{doc['size']}-byte WRITE completion")
+    for a in ax:
+        a.set_xscale("symlog", linthresh=0.01)
+        a.set_xticks(losses)
+        a.set_xticklabels([f"{x:g}" for x in losses])
+        a.grid(True, alpha=0.3)
+        a.legend()
+    fig.suptitle(f"loss_sweep, {doc['machine']['host']}, {doc['date']} (lab veth, "
+                 f"{doc['runs']} runs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="3 runs of 2 s at 0, 0.1, 1, 5 %%")
+    g.add_argument("--full", action="store_true", help="5 runs of 4 s at 0, 0.01, 0.1, 1, 5 %%")
+    ap.add_argument("--size", type=int, default=256 * 1024)
+    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    runs, secs, losses = ((5, 4, [0, 0.0001, 0.001, 0.01, 0.05]) if a.full else
+                          (3, 2, [0, 0.001, 0.01, 0.05]))
+    if LAB in core.state.names() or core.namespaces_of(LAB):
+        core.down(LAB)
+    core.up(LAB, "pair")
+    view = core.LabView(LAB)
+    ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
+    ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
+    devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
+    points = []
+    try:
+        for dev in devs:
+            d.start_background(dev, "metaroce")
+        c1, c2 = Context("eth0", ns1, timeout_s=120), Context("eth0", ns2, timeout_s=120)
+        for loss in losses:
+            raw = {"metaroce": [], "roce": [], "tcp": []}
+            for r in range(runs):
+                print(f"loss_sweep: loss {loss:.2%} run {r + 1}/{runs}", file=sys.stderr)
+                imp = Impairment(loss=loss, seed=100 + r).validate() if loss else None
+                view.impair("h1-sw1", "both", imp)
+                for mode in ("metaroce", "roce"):
+                    try:
+                        raw[mode].append(rdma_run(c1, c2, ip1, ip2, mode, a.size, a.depth, secs))
+                    except Exception as exc:  # noqa: BLE001 (an application error is a result)
+                        raw[mode].append({"goodput_bps": 0.0, "fct_p50_s": None,
+                                          "fct_p99_s": None, "app_errors": 1, "error": str(exc)})
+                raw["tcp"].append(tcp_run(ns1, ns2, ip2, secs))
+            view.impair("h1-sw1", "both", None)
+            pt = {"loss": loss}
+            for k, rs in raw.items():
+                pt[k] = {m: med([r.get(m) for r in rs]) for m in
+                         ("goodput_bps", "fct_p50_s", "fct_p99_s", "retransmitted_packets")
+                         if any(m in r for r in rs)}
+                pt[k]["app_errors"] = sum(r.get("app_errors", 0) for r in rs)
+            points.append(pt)
+        c1.close()
+        c2.close()
+    finally:
+        for dev in devs:
+            try:
+                d.stop(dev)
+            except Exception:  # noqa: BLE001
+                pass
+        core.down(LAB)
+    doc = {"benchmark": "loss_sweep", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "machine": {"host": platform.node(), "kernel": platform.release(),
+                       "cpus": os.cpu_count()},
+           "runs": runs, "seconds": secs, "size": a.size, "depth": a.depth, "points": points}
+    out = os.path.join(HERE, "results", "loss_sweep.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    doc["plot"] = plot(doc, os.path.join(HERE, "results", "loss_sweep.png"))
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    if a.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"{'loss':>7} {'MetaRoCE Gb/s':>14} {'RoCEv2 Gb/s':>12} {'TCP Gb/s':>9} "
+          f"{'MR p99 ms':>10} {'RoCE p99 ms':>12}")
+    for p in points:
+        def g(k):
+            return p[k]["goodput_bps"]["median"] / 1e9
+
+        def f(k):
+            v = p[k].get("fct_p99_s")
+            return v["median"] * 1e3 if v else float("nan")
+        print(f"{p['loss']:>7.2%} {g('metaroce'):>14.3f} {g('roce'):>12.3f} {g('tcp'):>9.3f} "
+              f"{f('metaroce'):>10.2f} {f('roce'):>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
