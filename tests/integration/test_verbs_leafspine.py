@@ -65,7 +65,10 @@ def test_all_operations_across_the_fabric(fabric, v6, mode):
     assert a.mr.read(8, 8) == (5).to_bytes(8, "little")
     assert b.mr.read(8, word) == (15).to_bytes(8, "little")
     st = a.qp.query()
-    assert st["retransmitted_packets"] == 0
+    if mode == "roce":
+        assert st["retransmitted_packets"] == 0          # a clean path loses nothing
+    else:   # MetaRoCE's tail RTO is ~2 SRTT (RTO-3): a loaded machine may fire it spuriously
+        assert st["retransmitted_packets"] <= 0.02 * st["sent_packets"], st
     for end in (a, b):
         end.qp.close()
         end.mr.close()
