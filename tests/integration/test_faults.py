@@ -169,7 +169,7 @@ def test_link_down_past_the_retry_budget(star):
     close(short, short_b[1], long_, long_b, other, other_b)
 
 
-def _wait(pred, timeout_s=5.0, what="condition"):
+def _wait(pred, timeout_s=20.0, what="condition"):   # the kernel frees BPF objects lazily (RCU)
     deadline = time.monotonic() + timeout_s
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
