@@ -3,7 +3,7 @@ VENV   ?= $(CURDIR)/.venv
 PY     := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-unit test-integration bench clean fuzz
+.PHONY: setup demo test test-unit test-integration bench clean fuzz soak
 
 setup:
 	@bash tools/setup.sh
@@ -22,6 +22,9 @@ test-integration: setup
 
 fuzz: setup
 	$(VENV)/bin/metaroce fuzz --packets 1000000
+
+soak: setup
+	$(PY) -m metaroce.soak --minutes 8
 
 # the quick benchmark set (each script also has --full); results and plots in tools/bench/results
 bench: setup
