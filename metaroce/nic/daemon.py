@@ -125,6 +125,7 @@ class Daemon:
             f.write(str(os.getpid()))
         self._stop = False
         self.persistent = Endpoints()
+        self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
 
     def status(self) -> dict:
         return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
@@ -190,9 +191,19 @@ class Daemon:
             if qpn in d.qps:         # never another application's QP (nor a verbs QP at all)
                 raise MetaroceError(f"QP 0x{qpn:06x} belongs to a verbs QP")
             d._own_pd(conn, pd)      # and only into the caller's own protection domain
-            self.rx.set_qp(qpn, int(req["epsn"]), pd,
-                           int(req.get("dqpn", 0)))
+            if self.raw_qps.get(qpn, conn) is not conn:
+                raise MetaroceError(f"QP 0x{qpn:06x} was armed by another connection")
+            self.rx.del_qp(qpn)      # a fresh state: no receive slots of an earlier arming
+            self.rx.set_qp(qpn, int(req["epsn"]), pd, int(req.get("dqpn", 0)),
+                           pmtu=int(req.get("pmtu", 1024)),
+                           metaroce=bool(req.get("metaroce", False)))
+            self.raw_qps[qpn] = conn
             return {"ok": True}, []
+        if op == "raw_qp_state":     # the kernel's state of a QP this connection armed
+            qpn = int(req["qpn"])
+            if self.raw_qps.get(qpn) is not conn:
+                raise MetaroceError(f"QP 0x{qpn:06x} was not armed by this connection")
+            return self.rx.qp_state(qpn), []
         return {"error": f"unknown op {op!r}"}, []
 
     def _handle(self, conn: socket.socket, line: bytes) -> None:
@@ -206,6 +217,9 @@ class Daemon:
             rep, fds = self._op(conn, req)
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
+        except Exception as exc:  # noqa: BLE001 (one bad request must not stop the device)
+            traceback.print_exc()             # to the device's log
+            rep = {"error": f"request refused ({type(exc).__name__}): {exc}"[:500]}
         if rid is not None:
             rep = {**rep, "id": rid}
         self._send(conn, rep, fds)
@@ -253,6 +267,9 @@ class Daemon:
                         sel.unregister(conn)
                         buffers.pop(conn, None)
                         dev.release(conn)
+                        for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
+                            self.rx.del_qp(qpn)       # raw QPs go with their connection
+                            del self.raw_qps[qpn]
                         conn.close()
                         continue
                     buffers[conn] += chunk
