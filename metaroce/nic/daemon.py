@@ -90,6 +90,18 @@ def _detach_netlink_xdp(ifindex: int) -> None:
         ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1)]})
 
 
+def _checked_wrs(wrs) -> list:
+    """Work requests are objects whose wr_id fits 64 bits: it is stored in BPF maps when the
+    request is sent (a READ's slot), long after the request was accepted."""
+    wrs = list(wrs)
+    for wr in wrs:
+        if not isinstance(wr, dict):
+            raise MetaroceError("a work request is a JSON object")
+        if not 0 <= int(wr.get("wr_id", 0)) < 1 << 64:
+            raise MetaroceError("wr_id must fit 64 bits (0 .. 2^64-1)")
+    return wrs
+
+
 class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
@@ -179,10 +191,10 @@ class Daemon:
             d.destroy_qp(conn, int(req["qpn"]))
             return {"ok": True}, []
         if op == "post_send":
-            d.post_send(conn, int(req["qpn"]), list(req["wrs"]))
+            d.post_send(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
             return {"ok": True}, []
         if op == "post_recv":
-            d.post_recv(conn, int(req["qpn"]), list(req["wrs"]))
+            d.post_recv(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
             return {"ok": True}, []
         if op == "set_qp":           # raw receive state, for tools driving the wire directly
             qpn, pd = int(req["qpn"]), int(req["pd"])
