@@ -31,6 +31,8 @@ bench: setup
 	$(VENV)/bin/pip install -q -e '.[bench]'
 	$(PY) tools/bench/vs_tcp.py --quick
 	$(PY) tools/bench/loss_sweep.py --quick
+	$(PY) tools/bench/qp_scale.py --quick
+	$(PY) tools/bench/report.py
 
 clean:
 	-$(VENV)/bin/metaroce lab down --all 2>/dev/null
