@@ -84,3 +84,42 @@ def test_broadcast_allgather_reduce_scatter_barrier_send_recv(star):
         assert np.array_equal(res[r]["reduce_scatter"], want)
     assert np.array_equal(res[1]["p2p"], np.arange(70000, dtype=np.int64))
     assert list(res[0]["p2p"]) == [7, 8, 9]
+
+
+@pytest.fixture(scope="module")
+def torch_installed():
+    """torch is the optional .[torch] extra: install the pinned CPU build when it is missing."""
+    import importlib
+    import subprocess
+    import sys
+    try:
+        importlib.import_module("torch")
+    except ImportError:
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "torch==2.13.0"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"torch==2.13.0 could not be installed: {r.stderr[-500:]}")
+        importlib.invalidate_caches()
+
+
+def test_ddp_over_metaroce_matches_gloo(star, torch_installed):
+    from metaroce.collectives.train import compare, ddp_rank
+    addrs, netns = star
+    steps, runs = 8, {}
+    for i, backend in enumerate(("metaroce", "gloo")):
+        runs[backend] = run_ranks(
+            ddp_rank, W, lambda r: (W, backend, addrs[0], 29611 + i, netns[r], steps, 5),
+            netns=netns, timeout_s=150)
+    cmp = compare(runs)
+    assert cmp["metaroce_ranks_identical"] and cmp["gloo_ranks_identical"], cmp
+    assert cmp["backends_match"], cmp
+    m = runs["metaroce"]
+    # no Gloo behind the MetaRoCE run: its only group is ours, and Gloo had no interface
+    assert all(r["groups"] == ["MetaroceProcessGroup"] and r["backend"] == "metaroce" for r in m)
+    assert all(r["modes"] == ["metaroce"] for r in m)
+    assert runs["gloo"][0]["backend"] == "gloo"
+    # the QPs moved what DDP's gradient allreduces need (one bucket per step), plus grants and
+    # the small broadcast DDP makes when it rebuilds its buckets after the first step
+    need = steps * R.ring_allreduce_bytes(m[0]["nparams"] * 4, W)
+    for r in m:
+        assert need <= r["sent_bytes"] <= need * 1.03, (r["sent_bytes"], need)
