@@ -1,0 +1,141 @@
+"""Allreduce bus bandwidth (as nccl-tests reports it: algbw * 2(N-1)/N) over MetaRoCE
+(metaroce.collectives, buffers in registered memory) and over Gloo (torch.distributed, TCP) on
+the same lab star, in the same run, for 1 KiB ... 256 MiB (--quick: 1 KiB ... 4 MiB), plus the
+QP byte counters' check that MetaRoCE moved what the ring must move. JSON + PNG in
+tools/bench/results/.
+
+    sudo .venv/bin/python tools/bench/allreduce.py [--hosts 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from metaroce.collectives import Communicator, bus_bandwidth, new_job, ring_allreduce_bytes  # noqa: E402
+from metaroce.collectives.lab import lab_hosts  # noqa: E402
+from metaroce.collectives.launch import run_ranks  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _iters(size: int) -> int:
+    return max(2, min(50, (64 * MiB) // max(size, 1)))
+
+
+def metaroce_rank(rank, world, addrs, netns, job, sizes):
+    from metaroce.verbs import Context
+    ctx = Context("eth0", netns[rank])
+    c = Communicator(ctx, rank, world, addrs, job=job, timeout_s=120)
+    out = []
+    try:
+        for size in sizes:
+            buf = c.buffer(size // 4, "float32")
+            buf[:] = rank + 1
+            c.allreduce(buf)                                   # warm-up
+            n = _iters(size)
+            c.barrier()
+            s0 = c.sent_bytes()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                c.allreduce(buf)
+            dt = (time.perf_counter() - t0) / n
+            sent = (c.sent_bytes() - s0) / n
+            out.append({"bytes": size, "seconds": dt, "sent_per_iter": sent,
+                        "ring_volume": ring_allreduce_bytes(size, world)})
+            del buf
+        return out
+    finally:
+        c.close()
+        ctx.close()
+
+
+def gloo_rank(rank, world, master, port, sizes):
+    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0")
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    out = []
+    try:
+        for size in sizes:
+            t = torch.full((size // 4,), float(rank + 1))
+            dist.all_reduce(t)
+            n = _iters(size)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dist.all_reduce(t)
+            out.append({"bytes": size, "seconds": (time.perf_counter() - t0) / n})
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=2, choices=(2, 3, 4))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "allreduce"))
+    a = ap.parse_args()
+    top = 4 * MiB if a.quick else 256 * MiB
+    sizes = [s for s in (KiB << (2 * i) for i in range(10)) if s <= top]
+    with lab_hosts(a.hosts) as (addrs, netns):
+        job = new_job()
+        mr = run_ranks(metaroce_rank, a.hosts, lambda r: (a.hosts, addrs, netns, job, sizes),
+                       timeout_s=3600)[0]
+        gl = run_ranks(gloo_rank, a.hosts, lambda r: (a.hosts, addrs[0], 29800, sizes),
+                       netns=netns, timeout_s=3600)[0]
+    rows = []
+    for m, g in zip(mr, gl):
+        bm = bus_bandwidth(m["bytes"], m["seconds"], a.hosts) * 8 / 1e9
+        bg = bus_bandwidth(g["bytes"], g["seconds"], a.hosts) * 8 / 1e9
+        rows.append({"bytes": m["bytes"], "metaroce_busbw_gbps": bm, "gloo_busbw_gbps": bg,
+                     "metaroce_us": m["seconds"] * 1e6, "gloo_us": g["seconds"] * 1e6,
+                     "ratio": bm / bg if bg else None,
+                     "metaroce_sent_per_iter": m["sent_per_iter"],
+                     "ring_volume": m["ring_volume"]})
+    doc = {"hosts": a.hosts, "quick": a.quick, "command": " ".join(["tools/bench/allreduce.py",
+                                                                     *sys.argv[1:]]),
+           "rows": rows}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"{'size':>10} {'MetaRoCE Gbit/s':>16} {'Gloo Gbit/s':>12} {'ratio':>6} "
+          f"{'sent/ring':>9}")
+    for r in rows:
+        print(f"{r['bytes']:>10} {r['metaroce_busbw_gbps']:>16.3f} {r['gloo_busbw_gbps']:>12.3f} "
+              f"{(r['ratio'] or 0):>6.2f} {r['metaroce_sent_per_iter'] / r['ring_volume']:>9.3f}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (the bench extra): no PNG", file=sys.stderr)
+        return 0
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r["bytes"] for r in rows]
+    ax.plot(xs, [r["metaroce_busbw_gbps"] for r in rows], "o-", label="MetaRoCE")
+    ax.plot(xs, [r["gloo_busbw_gbps"] for r in rows], "s-", label="Gloo (TCP)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("allreduce size, bytes")
+    ax.set_ylabel("bus bandwidth, Gbit/s")
+    ax.set_title(f"allreduce, {a.hosts} lab hosts (float32 sum)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out + ".png", dpi=110)
+    print(f"wrote {a.out}.json and {a.out}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
