@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "install": "metaroce.cli.install:install",
     "exporter": "metaroce.cli.exporter:exporter",
     "perf": "metaroce.cli.perf:perf",
+    "train-demo": "metaroce.cli.train_demo:train_demo",
 }
 
 
