@@ -476,11 +476,13 @@ static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *
 #ifdef MUTANT_ATOMIC_TWICE             /* conformance self-test only: duplicates execute again */
     dup = 0;
 #endif
-    if (dup) {
-        if (!qp->atomic_valid || qp->atomic_psn != psn)
-            return RX_DUPLICATE;       /* older than the saved result: dropped */
+    u64 skey = (u64)qpn << 32 | (psn & (RD_DEPTH - 1));
+    if (dup) {                       /* the saved result of one of the last RD_DEPTH (RESP-4) */
+        struct atomic_saved *sv = atomic_results.lookup(&skey);
+        if (!sv || !sv->valid || sv->psn != psn)
+            return RX_DUPLICATE;       /* older than the saved results: dropped */
         set_reply(pl, kind, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ATOMIC_ACK);
-        pl->orig = qp->atomic_orig;
+        pl->orig = sv->orig;
         return RX_DUPLICATE;
     }
     if (qp->state != QP_RX_IDLE)
@@ -506,6 +508,8 @@ static __always_inline u32 on_atomic(struct xdp_md *ctx, const struct roce_pkt *
     qp->atomic_orig = orig;
     qp->atomic_psn = psn;
     qp->atomic_valid = 1;
+    struct atomic_saved sv = {.psn = psn, .valid = 1, .orig = orig};
+    atomic_results.update(&skey, &sv);
     if (!ext) {                      /* MetaRoCE: the caller advances ePSN and the MSN */
         qp->epsn = (psn + 1) & PSN_MASK;
         qp->msn = (qp->msn + 1) & 0xFFFFFF;
@@ -564,6 +568,49 @@ static __always_inline void rd_done(u32 qpn, struct nic_qp *qp, struct rd_slot *
     qp->rd_off = 0;
     if (((psn - qp->una) & PSN_MASK) < PSN_HALF)
         qp->una = (psn + 1) & PSN_MASK;         /* implicit acknowledgement (RESP-10) */
+    /* atomics whose ACKs overtook this READ's responses are already done: step past them */
+#pragma unroll
+    for (int i = 0; i < RD_DEPTH - 1; i++) {
+        u64 k = (u64)qpn << 32 | (qp->rd_head & (RD_DEPTH - 1));
+        struct rd_slot *nx = rd_slots.lookup(&k);
+        if (!nx || nx->idx != qp->rd_head || nx->kind != RD_DONE)
+            break;
+        if (((nx->first_psn - qp->una) & PSN_MASK) < PSN_HALF)
+            qp->una = (nx->first_psn + 1) & PSN_MASK;
+        qp->rd_head++;
+    }
+}
+
+/* An atomic ACK for a later slot than the head: our responder answers READs from user space
+ * and atomics in the kernel, so an atomic's ACK can overtake an earlier READ's responses. Its
+ * result is placed and reported now; rd_done steps past the slot when the head gets there. */
+static __always_inline u32 atomic_ack_ahead(struct xdp_md *ctx, const struct roce_pkt *rp,
+                                            u32 qpn, struct nic_qp *qp, u32 psn, u32 off_v)
+{
+#pragma unroll
+    for (int i = 1; i < RD_DEPTH; i++) {
+        u32 idx = qp->rd_head + i;
+        u64 k = (u64)qpn << 32 | (idx & (RD_DEPTH - 1));
+        struct rd_slot *sl = rd_slots.lookup(&k);
+        if (!sl || sl->idx != idx)
+            break;
+        if (sl->kind != RD_ATOMIC || sl->first_psn != psn)
+            continue;
+        __be32 v[3];
+        if (bpf_xdp_load_bytes(ctx, off_v, v, sizeof(v)))
+            return RX_MALFORMED;
+        u64 orig = ((u64)bpf_ntohl(v[1]) << 32) | bpf_ntohl(v[2]);
+        u64 off;
+        u32 why = mr_check(sl->lkey, qp->pd, ACCESS_LOCAL_WRITE, sl->addr, 8, &off);
+        u64 *p = why ? NULL : word_at(sl->lkey, off);
+        if (p)
+            *p = orig;
+        u32 status = p ? 0 : (why ? why : RX_INVALID_REQUEST);
+        event(EV_RD_DONE, qpn, psn, status, sl->wr_id, sl->length, 0, idx, 0);
+        sl->kind = RD_DONE;
+        return p ? RX_PLACED : status;
+    }
+    return RX_UNEXPECTED_RESPONSE;
 }
 
 /* Requester: READ response packets and atomic ACKs, placed into the local buffer of the
@@ -580,8 +627,10 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
     if (!sl || sl->idx != qp->rd_head)
         return RX_UNEXPECTED_RESPONSE;
     if (op == RC_ATOMIC_ACKNOWLEDGE) {
+        if (l4 != BTH_LEN + ext + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN)
+            return RX_MALFORMED;
         if (sl->kind != RD_ATOMIC || psn != sl->first_psn)
-            return RX_UNEXPECTED_RESPONSE;
+            return atomic_ack_ahead(ctx, rp, qpn, qp, psn, rp->bth_off + BTH_LEN + ext);
         __be32 v[3];
         if (l4 != BTH_LEN + ext + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN ||
             bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN + ext, v, sizeof(v)))
@@ -603,18 +652,22 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
     if (l4 < hdrs + pad + ICRC_LEN)
         return RX_MALFORMED;
     u32 len = l4 - hdrs - pad - ICRC_LEN;
-    u32 expect = first ? sl->first_psn : qp->rd_psn;
+    /* a READ re-requested from its first missing response (RESP-4 allows a duplicate READ to
+     * start inside the original response) restarts there with a FIRST/ONLY: keep what came */
+    int resume = first && qp->rd_state && psn == qp->rd_psn && psn != sl->first_psn;
+    u32 expect = first && !resume ? sl->first_psn : qp->rd_psn;
     if (psn != expect || (!first && qp->rd_state != 1)) {
         u32 npk = (sl->length + (qp->pmtu ? qp->pmtu : 1024) - 1) / (qp->pmtu ? qp->pmtu : 1024);
         u32 ahead = (psn - sl->first_psn) & PSN_MASK;
         if (ahead < npk && qp->rd_state != 2) {   /* a response inside this READ was lost */
             u32 from = qp->rd_state == 1 ? qp->rd_psn : sl->first_psn;
             qp->rd_state = 2;
+            qp->rd_psn = from;                    /* where the re-requested responses start */
             event(EV_RD_GAP, qpn, from, 0, sl->wr_id, 0, 0, qp->rd_head, 0);
         }
         return RX_PSN_OUT_OF_ORDER;
     }
-    if (first)
+    if (first && !resume)
         qp->rd_off = 0;
     if (qp->rd_off + len > sl->length || (ends && qp->rd_off + len != sl->length))
         return RX_MALFORMED;

@@ -111,6 +111,7 @@
 /* rd_slot.kind */
 #define RD_READ 1
 #define RD_ATOMIC 2
+#define RD_DONE 3                 /* an atomic whose ACK overtook an earlier READ's responses */
 
 /* Receive verdicts counted per reason (index into rx_counters). */
 #define RX_PLACED 0               /* payload written into registered memory */

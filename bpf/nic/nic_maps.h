@@ -16,6 +16,7 @@ BPF_HASH(qps, u32, struct nic_qp, MAX_QPS);         /* local QPN -> QP state */
 BPF_HASH(sq_psn, u32, u32, MAX_QPS);                /* local QPN -> next PSN the requester sends */
 BPF_HASH(rq, u64, struct recv_wqe, MAX_QPS * 64);   /* (QPN, slot) -> posted receive */
 BPF_HASH(rd_slots, u64, struct rd_slot, MAX_QPS * 4);   /* (QPN, slot) -> outstanding READ/ATOMIC */
+BPF_HASH(atomic_results, u64, struct atomic_saved, MAX_QPS * 4);  /* (QPN, PSN slot) -> result */
 BPF_RINGBUF_OUTPUT(events, 256);                    /* completions and requests for user space */
 BPF_PERCPU_ARRAY(rx_counters, u64, RX_NREASONS);
 BPF_PERCPU_ARRAY(tx_counters, u64, TX_NCOUNTERS);

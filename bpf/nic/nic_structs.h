@@ -94,6 +94,13 @@ struct rd_slot {
     __u32 idx;        /* rd_head value this slot is for (stale slots are ignored) */
 };
 
+/* A saved atomic result (RESP-4), keyed by (qpn << 32 | psn % RD_DEPTH). */
+struct atomic_saved {
+    __u32 psn;
+    __u32 valid;
+    __u64 orig;
+};
+
 /* One event for user space. */
 struct nic_event {
     __u32 type;       /* EV_* */

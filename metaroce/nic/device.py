@@ -130,6 +130,7 @@ class Qp:
         self.sacked: set[int] = set()           # PSNs the peer SACKed beyond una
         self.retx: deque[int] = deque()         # PSNs to retransmit, ahead of new data
         self.retx_sent: set[int] = set()        # retransmitted once for this loss (SACK-5)
+        self.rereads: deque = deque()           # partial READ requests to send (RESP-4)
         self.rx_epsn = None                     # the responder's cumulative PSN as last heard
         self.recv_wait: dict[int, tuple] = {}   # RSN -> (last PSN, WC): completes in order
         self.srtt = None                        # RTO-1 estimator (seconds)
@@ -138,7 +139,7 @@ class Qp:
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
-                      "selective_retransmits": 0, "rto_expired": 0,
+                      "selective_retransmits": 0, "rto_expired": 0, "partial_rereads": 0,
                       "cnp_received": 0}
 
     @property
@@ -627,6 +628,53 @@ class Device:
             wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
         return wc
 
+    def _reread(self, qp: Qp, rd_idx: int, psn: int, progress: bool = True) -> None:
+        """Re-request a READ from its first missing response PSN only (RESP-4: a duplicate READ
+        may start inside the original response; SACK-8): VA and length moved by the part that
+        arrived. After a reported gap progress was made, so the retry budget is full again."""
+        w = next((x for x in qp.sq if x.rd_idx == rd_idx and x.kind == MSG_READ_REQ), None)
+        if w is None or w.done:
+            return
+        k = (psn - w.first_psn) & PSN_MASK
+        if k >= w.npkts:
+            return
+        m = self.ffi.new("struct mr_roce_msg *")
+        self.ffi.memmove(m, w.msg, self.ffi.sizeof("struct mr_roce_msg"))
+        m.psn0 = psn
+        m.va = w.msg.va + k * qp.pmtu
+        m.len = w.msg.len - k * qp.pmtu
+        qp.rereads.append(m)
+        if progress:                         # responses came up to the gap: a fresh budget
+            qp.retries_left = qp.retry_cnt
+            if qp.timeout:
+                qp.deadline = time.monotonic() + self._timer(qp)
+
+    def _send_rereads(self, qp: Qp) -> int:
+        sent_total = 0
+        nxt = self.ffi.new("uint32_t *")
+        while qp.rereads:
+            nxt[0] = 0
+            sent = self.c.mr_send_range(self.xsk._x, qp.flow, qp.rereads[0], self.ffi.NULL, nxt, 1)
+            if not sent:
+                return sent_total + 1
+            qp.rereads.popleft()
+            qp.stats["retransmitted_packets"] += 1
+            qp.stats["partial_rereads"] += 1
+            sent_total += sent
+        return sent_total
+
+    def _stalled_read(self, qp: Qp) -> bool:
+        """RTO with a READ at the head whose responses stopped part way (a lost tail): re-read
+        from the kernel's next expected response instead of the whole READ."""
+        w = qp.sq[0] if qp.sq else None
+        if w is None or w.kind != MSG_READ_REQ or w.done:
+            return False
+        st = self.rx.qp_state(qp.qpn)
+        if st.get("rd_head") != w.rd_idx or st.get("rd_state") != 1:
+            return False
+        self._reread(qp, w.rd_idx, st["rd_psn"], progress=False)
+        return True
+
     def on_events(self) -> int:
         n = self.c.mr_evring_poll(self.ring, 0, self._evp)
         evs = self._evp[0]
@@ -650,18 +698,22 @@ class Device:
                         self._prune_sacked(qp)
                 self._retire(qp)
             elif t == EV_RD_DONE:
-                for w in qp.sq:
+                earlier_open = False             # an atomic's ACK may overtake a READ's data:
+                for w in qp.sq:                  # it acknowledges nothing before that READ
                     if w.rd_idx == e.flags:
                         w.done, w.status = True, (WcStatus.LOC_PROT_ERR if e.syndrome else 0)
                         break
-                if _after(_add(e.psn, 1), qp.una):
+                    if not w.done and (w.kind not in (MSG_WRITE, MSG_SEND) or
+                                       not _after(qp.una, w.last_psn)):
+                        earlier_open = True
+                if not earlier_open and _after(_add(e.psn, 1), qp.una):
                     qp.una = _add(e.psn, 1)
                 self._retire(qp)
             elif t == EV_NAK:
                 self._on_nak(qp, e.psn, e.syndrome)
             elif t == EV_RD_GAP:
                 qp.stats["packet_seq_err_handled"] += 1
-                self._go_back(qp, e.psn)
+                self._reread(qp, e.flags, e.psn)
             elif t == EV_READ_REQUEST:
                 self._answer_read(qp, e)
             elif t == EV_RECV and qp.metaroce:          # complete in order (PLACE-5)
@@ -778,12 +830,17 @@ class Device:
                         continue
                 if qp.metaroce:
                     qp.backoff = min(qp.backoff * 2, 1 << 16)
+                if self._stalled_read(qp):
+                    pass
+                elif qp.metaroce:
                     self._rto_selective(qp)
                 else:
                     self._go_back(qp, qp.una)
                 qp.deadline = now + self._timer(qp)
             if now < qp.hold_until:
                 continue
+            if qp.rereads:
+                busy += self._send_rereads(qp)
             if qp.retx:
                 busy += self._send_retx(qp)
             busy += self._send_qp(qp, now)

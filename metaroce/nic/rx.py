@@ -91,6 +91,7 @@ class RxPath:
         self._sq_fd = self.bpf[b"sq_psn"].map_fd
         self._rq_fd = self.bpf[b"rq"].map_fd
         self._rd_fd = self.bpf[b"rd_slots"].map_fd
+        self._atomic_fd = self.bpf[b"atomic_results"].map_fd
         self.events_fd = self.bpf[b"events"].map_fd
         libbpf.map_update_raw(self.bpf[b"crc_tab"].map_fd, struct.pack("=I", 0), crc32_slice8_tables())
         self.mrs: dict[int, MemoryRegion] = {}
@@ -127,7 +128,8 @@ class RxPath:
         key = struct.pack("=I", qpn)
         for fd in (self._qps_fd, self._sq_fd):
             libbpf.map_delete_raw(fd, key, missing_ok=True)
-        for fd, depth in ((self._rq_fd, RQ_DEPTH), (self._rd_fd, RD_DEPTH)):
+        for fd, depth in ((self._rq_fd, RQ_DEPTH), (self._rd_fd, RD_DEPTH),
+                          (self._atomic_fd, RD_DEPTH)):
             for slot in range(depth):          # slots never used were never created
                 libbpf.map_delete_raw(fd, struct.pack("=Q", qpn << 32 | slot), missing_ok=True)
 
