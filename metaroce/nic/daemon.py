@@ -365,6 +365,10 @@ def start_background(dev: DeviceId, mode: str = "roce") -> dict:
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(log, 2)                 # a crash's traceback lands in the device's log
+        # inherit nothing else: a copy of the caller's descriptors (another device's MR maps,
+        # sockets, BPF objects) would keep them alive as long as this daemon lives
+        os.closerange(3, wfd)
+        os.closerange(wfd + 1, 1 << 16)
         try:
             dm = Daemon(dev, mode)
         except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
