@@ -369,6 +369,10 @@ def start_background(dev: DeviceId, mode: str = "roce") -> dict:
         # sockets, BPF objects) would keep them alive as long as this daemon lives
         os.closerange(3, wfd)
         os.closerange(wfd + 1, 1 << 16)
+        # and Python's own streams must be the new 0-2, not whatever the caller's were (a test
+        # runner's capture files, closed just now)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         try:
             dm = Daemon(dev, mode)
         except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
