@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-from metaroce.lab import core
+from benchlab import header, two_hosts
 from metaroce.lab.impair import Impairment
-from metaroce.nic import daemon as d
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPInitAttr, SendWR,
                             wc_status_str)
@@ -144,18 +142,11 @@ def main() -> int:
     a = ap.parse_args()
     runs, secs, losses = ((5, 4, [0, 0.0001, 0.001, 0.01, 0.05]) if a.full else
                           (3, 2, [0, 0.001, 0.01, 0.05]))
-    if LAB in core.state.names() or core.namespaces_of(LAB):
-        core.down(LAB)
-    core.up(LAB, "pair")
-    view = core.LabView(LAB)
-    ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
-    ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
-    devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
     points = []
-    try:
-        for dev in devs:
-            d.start_background(dev, "metaroce")
-        c1, c2 = Context("eth0", ns1, timeout_s=120), Context("eth0", ns2, timeout_s=120)
+    with two_hosts(LAB) as lab:
+        view = lab.view
+        c1 = Context("eth0", lab.ns1, timeout_s=120)
+        c2 = Context("eth0", lab.ns2, timeout_s=120)
         for loss in losses:
             raw = {"metaroce": [], "roce": [], "tcp": []}
             for r in range(runs):
@@ -164,11 +155,12 @@ def main() -> int:
                 view.impair("h1-sw1", "both", imp)
                 for mode in ("metaroce", "roce"):
                     try:
-                        raw[mode].append(rdma_run(c1, c2, ip1, ip2, mode, a.size, a.depth, secs))
+                        raw[mode].append(rdma_run(c1, c2, lab.ip1, lab.ip2, mode, a.size, a.depth,
+                                                  secs))
                     except Exception as exc:  # noqa: BLE001 (an application error is a result)
                         raw[mode].append({"goodput_bps": 0.0, "fct_p50_s": None,
                                           "fct_p99_s": None, "app_errors": 1, "error": str(exc)})
-                raw["tcp"].append(tcp_run(ns1, ns2, ip2, secs))
+                raw["tcp"].append(tcp_run(lab.ns1, lab.ns2, lab.ip2, secs))
             view.impair("h1-sw1", "both", None)
             pt = {"loss": loss}
             for k, rs in raw.items():
@@ -179,17 +171,8 @@ def main() -> int:
             points.append(pt)
         c1.close()
         c2.close()
-    finally:
-        for dev in devs:
-            try:
-                d.stop(dev)
-            except Exception:  # noqa: BLE001
-                pass
-        core.down(LAB)
-    doc = {"benchmark": "loss_sweep", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "machine": {"host": platform.node(), "kernel": platform.release(),
-                       "cpus": os.cpu_count()},
-           "runs": runs, "seconds": secs, "size": a.size, "depth": a.depth, "points": points}
+    doc = {**header("loss_sweep"), "runs": runs, "seconds": secs, "size": a.size,
+           "depth": a.depth, "points": points}
     out = os.path.join(HERE, "results", "loss_sweep.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     doc["plot"] = plot(doc, os.path.join(HERE, "results", "loss_sweep.png"))

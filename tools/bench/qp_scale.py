@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
-from metaroce.lab import core
-from metaroce.nic import daemon as d
+from benchlab import header, two_hosts
 from metaroce.procbpf import rss_kib
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPCap, QPInitAttr,
@@ -101,22 +99,16 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     sizes, runs, secs = ([1, 16, 128, 1024], 5, 4) if a.full else ([1, 16, 128], 3, 2)
-    if LAB in core.state.names() or core.namespaces_of(LAB):
-        core.down(LAB)
-    core.up(LAB, "pair")
-    view = core.LabView(LAB)
-    ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
-    ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
-    devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
     rows = []
-    try:
-        pids = [d.start_background(dev, "metaroce")["pid"] for dev in devs]
-        c1, c2 = Context("eth0", ns1, timeout_s=120), Context("eth0", ns2, timeout_s=120)
+    with two_hosts(LAB) as lab:
+        pids = lab.pids
+        c1 = Context("eth0", lab.ns1, timeout_s=120)
+        c2 = Context("eth0", lab.ns2, timeout_s=120)
         for n in sizes:
             rs = []
             for r in range(runs):
                 print(f"qp_scale: {n} QPs, run {r + 1}/{runs}", file=sys.stderr)
-                rs.append(one(c1, c2, ip1, ip2, pids, n, secs))
+                rs.append(one(c1, c2, lab.ip1, lab.ip2, pids, n, secs))
             med = lambda k: statistics.median(x[k] for x in rs)  # noqa: E731
             rows.append({"qps": n, "goodput_bps": med("goodput_bps"),
                          "jain_fairness": med("jain_fairness"),
@@ -130,17 +122,8 @@ def main() -> int:
                              x["map_bytes_per_qp"][str(pids[1])] for x in rs)})
         c1.close()
         c2.close()
-    finally:
-        for dev in devs:
-            try:
-                d.stop(dev)
-            except Exception:  # noqa: BLE001
-                pass
-        core.down(LAB)
-    doc = {"benchmark": "qp_scale", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "machine": {"host": platform.node(), "kernel": platform.release(),
-                       "cpus": os.cpu_count()},
-           "runs": runs, "seconds": secs, "msg_bytes": MSG, "depth_per_qp": DEPTH, "rows": rows}
+    doc = {**header("qp_scale"), "runs": runs, "seconds": secs, "msg_bytes": MSG,
+           "depth_per_qp": DEPTH, "rows": rows}
     out = os.path.join(HERE, "results", "qp_scale.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:

@@ -8,8 +8,9 @@ A two-host lab; both MetaRoCE daemons up; then, alternating within each repetiti
   - CPU seconds per GiB moved, from the whole machine's /proc/stat over the transfer only (XDP
     runs in softirq and is charged to no single process, so per-process accounting would
     flatter MetaRoCE; process start-up is left out for both).
-Medians of --runs repetitions, min and max, and the ratios MetaRoCE / TCP. Every process runs
-unpinned (the same placement for both); numbers are from a shared 2-vCPU VM: compare ratios.
+Medians of --runs repetitions, min and max, and the ratios MetaRoCE / TCP. Every client runs on
+CPU 0 and every server on CPU 1, TCP and MetaRoCE alike (the MetaRoCE daemons are not pinned:
+they are the NIC); numbers are from a shared 2-vCPU VM: compare ratios.
 
     sudo .venv/bin/python tools/bench/vs_tcp.py [--quick | --full] [--json] [--out FILE]
 """
@@ -19,14 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-from metaroce.lab import core
-from metaroce.nic import daemon as d
+from benchlab import header, two_hosts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -41,8 +40,11 @@ def cpu_jiffies() -> int:
     return sum(v) - v[3] - v[4]               # everything but idle and iowait
 
 
-def in_ns(ns: str, cmd: list[str]) -> list[str]:
-    return ["ip", "netns", "exec", ns] + cmd
+SERVER_CPU, CLIENT_CPU = 1, 0   # the same placement for every contender
+
+
+def in_ns(ns: str, cmd: list[str], cpu: int) -> list[str]:
+    return ["ip", "netns", "exec", ns, "taskset", "-c", str(cpu)] + cmd
 
 
 def timed(fn):
@@ -52,12 +54,13 @@ def timed(fn):
 
 
 def iperf(ns1, ns2, ip, seconds):
-    srv = subprocess.Popen(in_ns(ns2, ["iperf3", "-s", "-1", "-p", "5299"]),
+    srv = subprocess.Popen(in_ns(ns2, ["iperf3", "-s", "-1", "-p", "5299"], SERVER_CPU),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.4)
     try:
         p = subprocess.run(in_ns(ns1, ["iperf3", "-c", ip, "-p", "5299", "-t", str(seconds),
-                                       "-J"]), capture_output=True, text=True, timeout=seconds + 30)
+                                       "-J"], CLIENT_CPU),
+                           capture_output=True, text=True, timeout=seconds + 30)
         doc = json.loads(p.stdout)
         end = doc["end"]["sum_received"]
         return {"bps": end["bits_per_second"], "bytes": end["bytes"]}
@@ -66,12 +69,13 @@ def iperf(ns1, ns2, ip, seconds):
 
 
 def sockperf(ns1, ns2, ip, seconds):
-    srv = subprocess.Popen(in_ns(ns2, ["sockperf", "server", "--tcp", "-i", ip, "-p", "5298"]),
+    srv = subprocess.Popen(in_ns(ns2, ["sockperf", "server", "--tcp", "-i", ip, "-p", "5298"],
+                                 SERVER_CPU),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.4)
     try:
         p = subprocess.run(in_ns(ns1, ["sockperf", "ping-pong", "--tcp", "-i", ip, "-p", "5298",
-                                       "-m", "64", "-t", str(seconds), "--full-rtt"]),
+                                       "-m", "64", "-t", str(seconds), "--full-rtt"], CLIENT_CPU),
                            capture_output=True, text=True, timeout=seconds + 30)
         pct = {}
         for line in p.stdout.splitlines():       # "sockperf: ---> percentile 50.000 =   12.345"
@@ -88,12 +92,12 @@ def sockperf(ns1, ns2, ip, seconds):
 
 def perf(ns1, ns2, ip, test, args, port):
     srv = subprocess.Popen(PY + ["perf", test, "--dev", "eth0", "--netns", ns2, "-p", str(port),
-                                 "--json", *args], stdout=subprocess.PIPE,
+                                 "--cpu", str(SERVER_CPU), "--json", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True, env=ENV)
     time.sleep(0.8)
     try:
         p = subprocess.run(PY + ["perf", test, ip, "--dev", "eth0", "--netns", ns1, "-p",
-                                 str(port), "--json", *args],
+                                 str(port), "--cpu", str(CLIENT_CPU), "--json", *args],
                            capture_output=True, text=True, env=ENV, timeout=300)
         doc = json.loads(p.stdout)
         if "error" in doc:
@@ -118,19 +122,11 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
     a = ap.parse_args()
     runs, secs = (7, 5) if a.full else (3, 2)
-    if LAB in core.state.names() or core.namespaces_of(LAB):
-        core.down(LAB)
-    core.up(LAB, "pair", mtu=a.mtu)
-    view = core.LabView(LAB)
-    ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
-    ip = view.plan.node("h2").iface("eth0").ipv4.split("/")[0]
-    devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
     res = {k: [] for k in ("tcp_bps", "mr_bps", "roce_bps", "tcp_cpu_s_per_gib",
                            "mr_cpu_s_per_gib", "roce_cpu_s_per_gib", "tcp_lat_p50_us",
                            "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us")}
-    try:
-        for dev in devs:
-            d.start_background(dev, "metaroce")
+    with two_hosts(LAB, mtu=a.mtu) as lab:
+        ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
         for r in range(runs):
             print(f"vs_tcp: run {r + 1}/{runs}", file=sys.stderr)
@@ -148,23 +144,13 @@ def main() -> int:
             doc = perf(ns1, ns2, ip, "write-lat", ["-s", "64", "-n", "2000"], 18900 + r)
             res["mr_lat_p50_us"].append(doc["lat_p50_us"])
             res["mr_lat_p99_us"].append(doc["lat_p99_us"])
-    finally:
-        for dev in devs:
-            try:
-                d.stop(dev)
-            except Exception:  # noqa: BLE001
-                pass
-        core.down(LAB)
     out = {k: summary(v) for k, v in res.items()}
     med = {k: v["median"] for k, v in out.items()}
     ratios = {"write_bw_metaroce_over_tcp": med["mr_bps"] / med["tcp_bps"],
               "write_bw_roce_over_tcp": med["roce_bps"] / med["tcp_bps"],
               "lat_p50_metaroce_over_tcp": med["mr_lat_p50_us"] / med["tcp_lat_p50_us"],
               "cpu_per_gib_metaroce_over_tcp": med["mr_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"]}
-    doc = {"benchmark": "vs_tcp", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "machine": {"host": platform.node(), "kernel": platform.release(),
-                       "cpus": os.cpu_count()},
-           "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
+    doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
            "ratios": {k: round(v, 3) for k, v in ratios.items()}}
     a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}.json")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
