@@ -39,8 +39,9 @@ static __always_inline void emit(struct nic_event *ev)
         (*c)++;
 }
 
-static __always_inline void event(u32 type, u32 qpn, u32 psn, u32 syndrome, u64 wr_id, u32 len,
-                                  u32 imm, u32 flags, u32 msn)
+/* One event; va carries what an event names beyond wr_id (an RSN, half a SACK bitmap). */
+static __always_inline void event_va(u32 type, u32 qpn, u32 psn, u32 syndrome, u64 wr_id, u64 va,
+                                     u32 len, u32 imm, u32 flags, u32 msn)
 {
     struct nic_event ev = {};
     ev.type = type;
@@ -48,11 +49,18 @@ static __always_inline void event(u32 type, u32 qpn, u32 psn, u32 syndrome, u64 
     ev.psn = psn;
     ev.syndrome = syndrome;
     ev.wr_id = wr_id;
+    ev.va = va;
     ev.len = len;
     ev.imm = imm;
     ev.flags = flags;
     ev.msn = msn;
     emit(&ev);
+}
+
+static __always_inline void event(u32 type, u32 qpn, u32 psn, u32 syndrome, u64 wr_id, u32 len,
+                                  u32 imm, u32 flags, u32 msn)
+{
+    event_va(type, qpn, psn, syndrome, wr_id, 0, len, imm, flags, msn);
 }
 
 static __always_inline void set_reply(struct plan *pl, u32 kind, u32 psn, u32 syndrome, u32 msn,
@@ -812,16 +820,8 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
     if (w) {                           /* completed by user space once ePSN passes it */
         u32 imm = 0;
         load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
-        struct nic_event ev = {};
-        ev.type = EV_RECV;
-        ev.qpn = qpn;
-        ev.psn = psn;
-        ev.wr_id = w->wr_id;
-        ev.va = rsn;
-        ev.len = dmalen;
-        ev.imm = imm;
-        ev.flags = 3 | (d == 0 ? 4 : 0);    /* 4: in order, so complete now */
-        emit(&ev);
+        event_va(EV_RECV, qpn, psn, 0, w->wr_id, rsn, dmalen, imm,
+                 3 | (d == 0 ? 4 : 0), 0);     /* 4: in order, so complete now */
     }
     return RX_PLACED;
 }
@@ -869,16 +869,8 @@ static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt 
         u32 imm = 0;
         if (has_imm)
             load32(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &imm);
-        struct nic_event ev = {};
-        ev.type = EV_RECV;
-        ev.qpn = qpn;
-        ev.psn = psn;
-        ev.wr_id = w->wr_id;
-        ev.va = rsn;
-        ev.len = offset + len;
-        ev.imm = imm;
-        ev.flags = (has_imm ? 1 : 0) | (d == 0 ? 4 : 0);   /* 4: in order, so complete now */
-        emit(&ev);
+        event_va(EV_RECV, qpn, psn, 0, w->wr_id, rsn, offset + len, imm,
+                 (has_imm ? 1 : 0) | (d == 0 ? 4 : 0), 0);   /* 4: in order, complete now */
     }
     return RX_PLACED;
 }
@@ -1043,17 +1035,7 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
     qp->sbm_lo = lo;
     qp->sack_cum = psn;
     if (hi | lo) {
-        struct nic_event ev = {};
-        ev.type = EV_SACK;
-        ev.qpn = qpn;
-        ev.psn = psn;
-        ev.syndrome = syn;
-        ev.wr_id = hi;
-        ev.va = lo;
-        ev.flags = sk.flags;
-        ev.imm = bpf_ntohl(sk.ts);
-        ev.msn = msn;
-        emit(&ev);
+        event_va(EV_SACK, qpn, psn, syn, hi, lo, 0, bpf_ntohl(sk.ts), sk.flags, msn);
     }
     return d || (hi | lo) ? RX_ACK : RX_DUPLICATE;
 }

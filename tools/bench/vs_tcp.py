@@ -26,18 +26,13 @@ import sys
 import time
 
 from benchlab import header, two_hosts
+from metaroce.perf.run import busy_cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PY = [sys.executable, "-m", "metaroce.cli"]
 ENV = {**os.environ, "PYTHONPATH": ROOT}
 LAB = "benchtcp"
-
-
-def cpu_jiffies() -> int:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v) - v[3] - v[4]               # everything but idle and iowait
 
 
 SERVER_CPU, CLIENT_CPU = 1, 0   # the same placement for every contender
@@ -48,9 +43,9 @@ def in_ns(ns: str, cmd: list[str], cpu: int) -> list[str]:
 
 
 def timed(fn):
-    j0, t0 = cpu_jiffies(), time.monotonic()
+    c0, t0 = busy_cpu_s(), time.monotonic()
     out = fn()
-    return out, (cpu_jiffies() - j0) / os.sysconf("SC_CLK_TCK"), time.monotonic() - t0
+    return out, busy_cpu_s() - c0, time.monotonic() - t0
 
 
 def iperf(ns1, ns2, ip, seconds):
