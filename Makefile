@@ -32,6 +32,7 @@ bench: setup
 	$(PY) tools/bench/vs_tcp.py --quick
 	$(PY) tools/bench/loss_sweep.py --quick
 	$(PY) tools/bench/qp_scale.py --quick
+	$(PY) tools/bench/daemon_rtt.py
 	$(PY) tools/bench/report.py
 
 clean:

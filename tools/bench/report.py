@@ -73,10 +73,19 @@ def qp_scale(doc) -> list[str]:
                    f"| {r['jain_fairness']:.3f} | {r['requester_rss_kib_per_qp']:.1f} / "
                    f"{r['responder_rss_kib_per_qp']:.1f} | {r['kernel_map_bytes_per_qp']:.0f} |")
     out += ["", "Small messages are bound by the posting path (one daemon round trip per "
-            "post_send, about 150 µs here; see `docs/architecture.md`), not by the number of "
+            "post_send, see the posting path's floor below), not by the number of "
             "QPs: goodput and fairness hold from 1 to 128 QPs. The kernel cost per QP is the "
             "responder's registered memory (64 KiB chunks) plus a QP map entry.", ""]
     return out
+
+
+def daemon_rtt(doc) -> list[str]:
+    r = doc["results"]
+    return ["### The posting path's floor", "",
+            f"`sudo .venv/bin/python tools/bench/daemon_rtt.py` — {doc['machine']['host']}, "
+            f"{doc['date']}; {doc['requests']} requests, median (min–max) of {doc['runs']} runs",
+            "", "| application → daemon request round trip | p50 µs | p99 µs |", "|---|---|---|",
+            f"| answered at once | {g(r['p50_us'])} | {g(r['p99_us'])} |", ""]
 
 
 def main() -> int:
@@ -93,6 +102,9 @@ def main() -> int:
     path = os.path.join(HERE, "results", "qp_scale.json")
     if os.path.exists(path):
         lines += qp_scale(json.load(open(path)))
+    path = os.path.join(HERE, "results", "daemon_rtt.json")
+    if os.path.exists(path):
+        lines += daemon_rtt(json.load(open(path)))
     with open(OUT, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(OUT)
