@@ -546,16 +546,27 @@ class Device:
         end = self._sent_upto(qp)
         if _after(highest, end):
             highest = end                     # never past what was sent
-        p = qp.una
-        while p != highest:
-            if p not in qp.sacked and p not in qp.retx_sent:
-                w = self._wqe_of(qp, p)
-                if w is not None:
-                    p0 = p if w.kind in (MSG_WRITE, MSG_SEND) else w.first_psn
-                    if p0 not in qp.retx_sent:
-                        qp.retx.append(p0)
-                        qp.retx_sent.add(p0)
-            p = _add(p, 1)
+        # one walk over the send queue (in PSN order), not a queue search per PSN
+        span = (highest - qp.una) & PSN_MASK            # PSNs una .. highest - 1
+        for w in qp.sq:
+            lo = (w.first_psn - qp.una) & PSN_MASK
+            if lo >= span and lo < PSN_HALF:
+                break                                    # at or past the highest SACKed PSN
+            if w.kind not in (MSG_WRITE, MSG_SEND):      # READ / atomic: the request again
+                if lo < PSN_HALF and not w.done and w.first_psn not in qp.retx_sent:
+                    qp.retx.append(w.first_psn)
+                    qp.retx_sent.add(w.first_psn)
+                continue
+            for k in range(w.npkts):
+                off = (lo + k) & PSN_MASK                # distance from una
+                if off >= PSN_HALF:
+                    continue                             # acknowledged already
+                if off >= span:
+                    break
+                p = _add(w.first_psn, k)
+                if p not in qp.sacked and p not in qp.retx_sent:
+                    qp.retx.append(p)
+                    qp.retx_sent.add(p)
 
     def _rto_selective(self, qp: Qp) -> None:
         """RTO in MetaRoCE mode: resend every sent, unacknowledged PSN not SACKed (SACK-4)."""
