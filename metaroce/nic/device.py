@@ -20,8 +20,8 @@ from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
 from .rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
                  EV_EPSN, EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
-                 EV_RECV_ERR, EV_SACK, QP_COUNTERS, RD_ATOMIC, RD_DEPTH, RD_READ, RQ_DEPTH,
-                 MemoryRegion, RxPath)
+                 EV_RECV_ERR, EV_SACK, QP_COUNTERS, QP_RX_ERROR, RD_ATOMIC, RD_DEPTH, RD_READ,
+                 RQ_DEPTH, MemoryRegion, RxPath)
 
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
 MSG_WRITE, MSG_SEND, MSG_READ_RESP, MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD = range(1, 7)
@@ -909,6 +909,8 @@ class Device:
 
     def qp_stats(self, qp: Qp) -> dict:
         st = self.rx.qp_state(qp.qpn) if qp.state in ("RTS", "ERR") else {}
+        if qp.state == "RTS" and st.get("state") == QP_RX_ERROR:
+            self.on_events()            # the kernel sent a fatal NAK: its event settles the state
         out = {"qpn": qp.qpn, "state": qp.state, "mode": self.qp_mode(qp), "remote": qp.remote,
                "sq_outstanding": len(qp.sq) + len(qp.pending), "window_pkts": qp.in_flight_pkts}
         out.update({k: st.get(k, 0) for k in QP_COUNTERS})

@@ -25,6 +25,7 @@ TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "na
                "atomic_ack", "cnp", "sack")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
+QP_RX_ERROR = 3                  # qp.state after a fatal NAK (nic_consts.h)
 EV_RECV, EV_READ_REQUEST, EV_ACK, EV_NAK, EV_RD_DONE, EV_RD_GAP, EV_CNP, EV_RECV_ERR, \
     EV_QP_ERROR, EV_SACK, EV_EPSN = range(1, 12)
 QP_COUNTERS = ("rx_packets", "rx_bytes", "out_of_sequence", "duplicate_request",

@@ -49,3 +49,12 @@ def test_fabric_flags_match():
     assert d["IMPAIR_ALL_TRAFFIC"] == fabric.IMPAIR_ALL_TRAFFIC
     assert d["MAX_PORTS"] == fabric.MAX_PORTS
     assert d["ROCE_UDP_PORT"] == consts.ROCEV2_UDP_PORT
+
+
+def test_nic_event_and_state_numbers_match():
+    from metaroce.nic import rx
+    d = defines(BPF / "nic" / "nic_consts.h")
+    for name in ("EV_RECV", "EV_READ_REQUEST", "EV_ACK", "EV_NAK", "EV_RD_DONE", "EV_RD_GAP",
+                 "EV_CNP", "EV_RECV_ERR", "EV_QP_ERROR", "EV_SACK", "EV_EPSN", "QP_RX_ERROR",
+                 "RD_READ", "RD_ATOMIC", "RQ_DEPTH", "RD_DEPTH"):
+        assert d[name] == getattr(rx, name), name
