@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import secrets
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from .rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, E
 
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
 MSG_WRITE, MSG_SEND, MSG_READ_RESP, MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD = range(1, 7)
+MSG_NAMES = {MSG_WRITE: "WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "READ", MSG_CMP_SWAP: "CMP_SWAP",
+             MSG_FETCH_ADD: "FETCH_ADD"}
 WR_OPCODES = {"RDMA_WRITE": (MSG_WRITE, 0), "RDMA_WRITE_WITH_IMM": (MSG_WRITE, 1),
               "SEND": (MSG_SEND, 0), "SEND_WITH_IMM": (MSG_SEND, 1),
               "RDMA_READ": (MSG_READ_REQ, 0), "ATOMIC_CMP_AND_SWP": (MSG_CMP_SWAP, 0),
@@ -136,6 +139,7 @@ class Qp:
         self.srtt = None                        # RTO-1 estimator (seconds)
         self.rttvar = 0.0
         self.backoff = 1                        # RTO-2 doubling until progress
+        self.rd_progress = None                 # the kernel's READ response position at the last expiry
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
@@ -594,8 +598,10 @@ class Device:
         while qp.retx:
             p = qp.retx[0]
             w = self._wqe_of(qp, p)
-            if w is None or (not _after(p, qp.una) and p != qp.una) or p in qp.sacked:
-                qp.retx.popleft()                       # acknowledged meanwhile
+            data = w is not None and w.kind in (MSG_WRITE, MSG_SEND)
+            if w is None or (w.done if not data else
+                             (not _after(p, qp.una) and p != qp.una) or p in qp.sacked):
+                qp.retx.popleft()                       # acknowledged (answered) meanwhile
                 continue
             idx = (p - w.first_psn) & PSN_MASK if w.kind in (MSG_WRITE, MSG_SEND) else 0
             nxt[0] = idx
@@ -674,15 +680,15 @@ class Device:
             sent_total += sent
         return sent_total
 
-    def _stalled_read(self, qp: Qp) -> bool:
+    def _stalled_read(self, qp: Qp, st: dict | None) -> bool:
         """RTO with a READ at the head whose responses stopped part way (a lost tail): re-read
         from the kernel's next expected response instead of the whole READ."""
         w = qp.sq[0] if qp.sq else None
         if w is None or w.kind != MSG_READ_REQ or w.done:
             return False
-        st = self.rx.qp_state(qp.qpn)
-        if st.get("rd_head") != w.rd_idx or st.get("rd_state") != 1:
-            return False
+        st = st if st is not None else self.rx.qp_state(qp.qpn)
+        if st.get("rd_head") != w.rd_idx or st.get("rd_state") not in (1, 2):
+            return False                         # 2: a gap was reported and its re-read lost
         self._reread(qp, w.rd_idx, st["rd_psn"], progress=False)
         return True
 
@@ -709,17 +715,11 @@ class Device:
                         self._prune_sacked(qp)
                 self._retire(qp)
             elif t == EV_RD_DONE:
-                earlier_open = False             # an atomic's ACK may overtake a READ's data:
-                for w in qp.sq:                  # it acknowledges nothing before that READ
+                for w in qp.sq:
                     if w.rd_idx == e.flags:
                         w.done, w.status = True, (WcStatus.LOC_PROT_ERR if e.syndrome else 0)
                         break
-                    if not w.done and (w.kind not in (MSG_WRITE, MSG_SEND) or
-                                       not _after(qp.una, w.last_psn)):
-                        earlier_open = True
-                if not earlier_open and _after(_add(e.psn, 1), qp.una):
-                    qp.una = _add(e.psn, 1)
-                self._retire(qp)
+                self._implicit_ack(qp, _add(e.psn, 1))
             elif t == EV_NAK:
                 self._on_nak(qp, e.psn, e.syndrome)
             elif t == EV_RD_GAP:
@@ -748,6 +748,23 @@ class Device:
             elif t == EV_CNP:
                 qp.stats["cnp_received"] += 1
         return n
+
+    def _implicit_ack(self, qp: Qp, psn: int) -> None:
+        """A READ response or atomic ACK acknowledges every request before it (the responder
+        executes them at its cumulative PSN), whether or not their own ACK arrived; una stops at
+        the first READ/atomic still waiting for its response (an atomic's ACK may overtake a
+        READ's data), so that one is still re-requested."""
+        for w in qp.sq:
+            if not _after(psn, w.first_psn):
+                break
+            if not w.done and w.kind not in (MSG_WRITE, MSG_SEND):
+                psn = w.first_psn
+                break
+        if _after(psn, qp.una):
+            qp.una = psn
+            if qp.metaroce:
+                self._prune_sacked(qp)
+        self._retire(qp)
 
     def _on_nak(self, qp: Qp, psn: int, syn: int) -> None:
         if _after(psn, qp.una):
@@ -831,23 +848,15 @@ class Device:
             if qp.pending:
                 self._assign(qp)
             if qp.deadline is not None and now > qp.deadline and qp.sq:
-                rto = self._timer(qp)
-                qp.stats["rto_expired"] += 1
-                if not qp.metaroce or rto >= qp.timeout:   # RTO-2: only at RTO_max (RESP-9)
-                    qp.stats["local_ack_timeout_err"] += 1
-                    qp.retries_left -= 1
-                    if qp.retries_left < 0:
-                        self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
-                        continue
-                if qp.metaroce:
-                    qp.backoff = min(qp.backoff * 2, 1 << 16)
-                if self._stalled_read(qp):
-                    pass
-                elif qp.metaroce:
-                    self._rto_selective(qp)
+                st = self.rx.qp_state(qp.qpn)
+                if self._kernel_acked(qp, st):
+                    pass                                     # an ACK event was missed: progress
+                elif qp.rd_open and self._read_progressed(qp, st):
+                    qp.deadline = now + self._timer(qp)      # responses are arriving: wait on
                 else:
-                    self._go_back(qp, qp.una)
-                qp.deadline = now + self._timer(qp)
+                    self._expire(qp, st, now)
+                if qp.state != "RTS":
+                    continue
             if now < qp.hold_until:
                 continue
             if qp.rereads:
@@ -856,6 +865,78 @@ class Device:
                 busy += self._send_retx(qp)
             busy += self._send_qp(qp, now)
         return busy + self.xsk.in_flight()
+
+    def _kernel_acked(self, qp: Qp, st: dict) -> bool:
+        """The kernel's una is the requester's truth (it consumes every ACK, SACK and response);
+        if it is ahead of the daemon's at expiry, what it acknowledged retires now."""
+        kuna = st.get("una", qp.una) & PSN_MASK
+        if not _after(kuna, qp.una) or _after(kuna, qp.next_psn):
+            return False
+        before = qp.una
+        self._implicit_ack(qp, kuna)
+        if qp.una == before:
+            return False
+        qp.retries_left, qp.backoff = qp.retry_cnt, 1
+        if qp.sq and qp.timeout:
+            qp.deadline = time.monotonic() + self._timer(qp)
+        return True
+
+    @staticmethod
+    def _read_progressed(qp: Qp, st: dict) -> bool:
+        """The kernel places READ responses without telling the daemon until a READ ends, so
+        at expiry the retransmission timer asks it: if the head READ's responses moved since
+        the last expiry, the peer is answering and the timer restarts without a retry (RESP-9:
+        the local ACK timer covers the time to the next response, not to the last)."""
+        if st.get("rd_state") != 1:
+            qp.rd_progress = None
+            return False
+        pos = (st.get("rd_head"), st.get("rd_psn"), st.get("rd_off"))
+        moved = pos != qp.rd_progress
+        qp.rd_progress = pos
+        return moved
+
+    def _expire(self, qp: Qp, st: dict | None, now: float) -> None:
+        """The retransmission timer expired with no progress: count it and resend."""
+        rto = self._timer(qp)
+        qp.stats["rto_expired"] += 1
+        if not qp.metaroce or rto >= qp.timeout:   # RTO-2: only at RTO_max (RESP-9)
+            qp.stats["local_ack_timeout_err"] += 1
+            qp.retries_left -= 1
+            if qp.retries_left < 0:
+                self._log_retry_exceeded(qp, st)
+                self._flush(qp, qp.sq[0], WcStatus.RETRY_EXC_ERR)
+                return
+        if qp.metaroce:
+            qp.backoff = min(qp.backoff * 2, 1 << 16)
+        if self._stalled_read(qp, st):
+            pass
+        elif qp.metaroce:
+            self._rto_selective(qp)
+        else:
+            self._go_back(qp, self._resume_psn(qp))
+        qp.deadline = now + self._timer(qp)
+
+    @staticmethod
+    def _resume_psn(qp: Qp) -> int:
+        """Where go-back-N resumes: una, or the first READ/atomic before it still waiting for
+        its response (a later ACK implies the request arrived, not that its response did)."""
+        for w in qp.sq:
+            if not _after(qp.una, w.first_psn):
+                break
+            if not w.done and w.kind not in (MSG_WRITE, MSG_SEND):
+                return w.first_psn
+        return qp.una
+
+    def _log_retry_exceeded(self, qp: Qp, st: dict | None) -> None:
+        """One line in the device's log (stderr) saying where the QP was stuck."""
+        st = st if st is not None else self.rx.qp_state(qp.qpn)
+        w = qp.sq[0]
+        kern = {k: st.get(k) for k in ("una", "rd_head", "rd_psn", "rd_state", "epsn", "state")}
+        print(f"metaroce: QP 0x{qp.qpn:06x} ({self.qp_mode(qp)}) retry exceeded: head "
+              f"{MSG_NAMES.get(w.kind, w.kind)} psn {w.first_psn}+{w.npkts} rd_idx {w.rd_idx}, "
+              f"una {qp.una} next {qp.next_psn} cursor {qp.cursor} sq {len(qp.sq)} "
+              f"retx {len(qp.retx)} rereads {len(qp.rereads)} kernel {kern}",
+              file=sys.stderr, flush=True)
 
     def _send_qp(self, qp: Qp, now: float) -> int:
         i, pkt = qp.cursor
