@@ -122,6 +122,12 @@ def ring_allreduce_bytes(nbytes: int, world: int) -> int:
     return 0 if world == 1 else 2 * (world - 1) * nbytes // world
 
 
+def tree_allreduce_bytes(nbytes: int, world: int, rank: int, arity: int = 2) -> int:
+    """What rank sends in a tree allreduce: the buffer once up (unless root), once per child."""
+    children = sum(1 for c in range(arity * rank + 1, arity * rank + arity + 1) if c < world)
+    return nbytes * ((rank != 0) + children)
+
+
 def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
     """nccl-tests' bus bandwidth of an allreduce, bytes/s: algbw * 2 (N-1)/N."""
     return nbytes / seconds * (2 * (world - 1) / world) if seconds > 0 else 0.0

@@ -26,7 +26,7 @@ def _comm(rank, world, addrs, netns, job, **kw):
 
 
 def allreduce_rank(rank, world, addrs, netns, job, seed):
-    ctx, c = _comm(rank, world, addrs, netns, job, chunk_bytes=4096, slots=3)
+    ctx, c = _comm(rank, world, addrs, netns, job, chunk_bytes=4096, slots=3, algorithm="ring")
     try:
         out = {}
         before = c.sent_bytes()
@@ -73,6 +73,31 @@ def others_rank(rank, world, addrs, netns, job):
                 out["p2p"] = c.recv(np.zeros(70000, np.int64), 0).copy()
                 c.send(np.array([7, 8, 9], np.int64), 0)
         c.barrier()
+        return out
+    finally:
+        c.close()
+        ctx.close()
+
+
+def tree_rank(rank, world, addrs, netns, job, seed, arity):
+    """Every case through the tree (and, for comparison, the ring), plus the bytes it moved."""
+    ctx, c = _comm(rank, world, addrs, netns, job, chunk_bytes=4096, slots=3,
+                   algorithm="tree", tree_arity=arity)
+    try:
+        out = {}
+        for n in SIZES:
+            for dt, op in CASES:
+                a = rank_data(seed, rank, dt, n)
+                c.allreduce(a, op, dtype=dt if dt == "bfloat16" else None)
+                out[(dt, op, n)] = a
+        big = c.buffer(1 << 16, "float32")
+        big[:] = np.arange(1 << 16, dtype=np.float32) * (rank + 1)
+        b0 = c.sent_bytes()
+        c.allreduce(big, "sum")
+        out["moved"] = (c.sent_bytes() - b0,
+                        R.tree_allreduce_bytes(big.nbytes, world, rank, arity))
+        out["big"] = big.copy()
+        del big
         return out
     finally:
         c.close()

@@ -5,7 +5,7 @@ honesty check that the QPs moved what a ring allreduce must move."""
 
 import numpy as np
 import pytest
-from collectives_util import CASES, SIZES, allreduce_rank, others_rank, rank_data
+from collectives_util import CASES, SIZES, allreduce_rank, others_rank, rank_data, tree_rank
 from verbs_util import daemons, ip_of
 
 from metaroce.collectives import new_job
@@ -70,6 +70,33 @@ def test_allreduce_every_dtype_and_op_matches_numpy(star):
         moved, algo = res[r]["moved"]
         # what the ring moves plus the 24-byte grants (one per chunk received)
         assert algo <= moved <= algo * 1.02, (moved, algo)
+
+
+@pytest.mark.parametrize("arity", [2, 1])
+def test_tree_allreduce_matches_numpy_and_moves_the_tree_volume(star, arity):
+    """The tree (binary: root 0 with two children; arity 1: a chain) gives the same answers
+    as numpy on every rank, and each rank sends the buffer once up and once per child."""
+    addrs, netns = star
+    seed, job = 20261204, new_job()
+    res = run_ranks(tree_rank, W, lambda r: (W, addrs, netns, job, seed, arity), timeout_s=120)
+    for n in SIZES:
+        for dt, op in CASES:
+            got = [res[r][(dt, op, n)] for r in range(W)]
+            for g in got[1:]:
+                assert g.tobytes() == got[0].tobytes(), (dt, op, n)
+            ref = _reference(dt, op, n, seed, W)
+            val = R.bf16_to_f32(got[0]) if dt == "bfloat16" else got[0]
+            if dt.startswith("int") or op in ("min", "max"):
+                assert np.array_equal(val.astype(ref.dtype), ref), (dt, op, n)
+            else:
+                tol = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 3e-2}[dt]
+                np.testing.assert_allclose(val.astype(np.float32), ref, rtol=tol, atol=tol * 4,
+                                           err_msg=f"{dt} {op} {n}")
+    big = np.arange(1 << 16, dtype=np.float32) * sum(range(1, W + 1))
+    for r in range(W):
+        assert np.array_equal(res[r]["big"], big)
+        moved, algo = res[r]["moved"]
+        assert algo <= moved <= algo * 1.02 + 64, (r, moved, algo)
 
 
 def test_broadcast_allgather_reduce_scatter_barrier_send_recv(star):

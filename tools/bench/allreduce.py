@@ -1,7 +1,8 @@
 """Allreduce bus bandwidth (as nccl-tests reports it: algbw * 2(N-1)/N) over MetaRoCE
 (metaroce.collectives, buffers in registered memory) and over Gloo (torch.distributed, TCP) on
 the same lab star, in the same run, for 1 KiB ... 256 MiB (--quick: 1 KiB ... 4 MiB), plus the
-QP byte counters' check that MetaRoCE moved what the ring must move. JSON + PNG in
+QP byte counters' check that MetaRoCE moved what its algorithm must move (ring, or the tree
+below 256 KiB with 3+ hosts; METAROCE_ALGORITHM=ring|tree forces one). JSON + PNG in
 tools/bench/results/.
 
     sudo .venv/bin/python tools/bench/allreduce.py [--hosts 2] [--quick]
@@ -19,7 +20,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from metaroce.collectives import Communicator, bus_bandwidth, new_job, ring_allreduce_bytes  # noqa: E402
+from metaroce.collectives import (Communicator, bus_bandwidth, new_job,  # noqa: E402
+                                  ring_allreduce_bytes, tree_allreduce_bytes)
 from metaroce.collectives.lab import lab_hosts  # noqa: E402
 from metaroce.collectives.launch import run_ranks  # noqa: E402
 
@@ -49,8 +51,11 @@ def metaroce_rank(rank, world, addrs, netns, job, sizes):
                 c.allreduce(buf)
             dt = (time.perf_counter() - t0) / n
             sent = (c.sent_bytes() - s0) / n
-            out.append({"bytes": size, "seconds": dt, "sent_per_iter": sent,
-                        "ring_volume": ring_allreduce_bytes(size, world)})
+            algo = c.algorithm_for(size)
+            out.append({"bytes": size, "seconds": dt, "sent_per_iter": sent, "algorithm": algo,
+                        # what this rank (0) must send: the volume the sent/ring column checks
+                        "ring_volume": ring_allreduce_bytes(size, world) if algo == "ring" else
+                        tree_allreduce_bytes(size, world, rank, c.tree_arity)})
             del buf
         return out
     finally:
@@ -102,7 +107,7 @@ def main() -> int:
                      "metaroce_us": m["seconds"] * 1e6, "gloo_us": g["seconds"] * 1e6,
                      "ratio": bm / bg if bg else None,
                      "metaroce_sent_per_iter": m["sent_per_iter"],
-                     "ring_volume": m["ring_volume"]})
+                     "algorithm": m["algorithm"], "ring_volume": m["ring_volume"]})
     doc = {"hosts": a.hosts, "quick": a.quick, "command": " ".join(["tools/bench/allreduce.py",
                                                                      *sys.argv[1:]]),
            "rows": rows}
