@@ -102,3 +102,24 @@ def tree_rank(rank, world, addrs, netns, job, seed, arity):
     finally:
         c.close()
         ctx.close()
+
+
+def lossy_rank(rank, world, addrs, netns, job):
+    """Ring (1 MiB) and tree (64 KiB) allreduces while the lab drops 1 % of every link's
+    packets: the results and the QPs' retransmission counters."""
+    ctx, c = _comm(rank, world, addrs, netns, job, chunk_bytes=64 << 10, slots=4)
+    try:
+        out = {}
+        for algo, n in (("ring", 1 << 18), ("tree", 1 << 14)):
+            c.algorithm = algo
+            for i in range(3):
+                a = (np.arange(n, dtype=np.float32) % 251) * (rank + 1) + i
+                c.allreduce(a, "sum")
+                out[(algo, i)] = a
+        out["retransmitted"] = sum(s.get("retransmitted_packets", 0)
+                                   for s in c.qp_stats().values())
+        out["modes"] = sorted(set(c.mode.values()))
+        return out
+    finally:
+        c.close()
+        ctx.close()
