@@ -57,6 +57,9 @@ def cli():
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
+    if any("\x00" in a for a in argv):     # a shell cannot pass one; click's Path would choke
+        report_error("an argument contains a NUL byte", as_json)
+        return 2
     try:
         rv = cli.main(args=argv, prog_name="metaroce", standalone_mode=False)
     except MetaroceError as exc:

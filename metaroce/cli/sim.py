@@ -5,6 +5,8 @@ Every scenario runs the real engine (metaroce.engine) over the deterministic net
 bits per second.
 """
 
+import math
+
 import click
 
 from ..errors import UsageError
@@ -46,6 +48,10 @@ def _report(doc: dict, as_json: bool, keys: list[str]) -> None:
         click.echo(f"  {k:<22} {v}")
 
 
+# what one simulation may be asked for (a simulated second of 10 Tbit/s is already huge)
+LIMITS = {"rate_gbps": 10_000, "host_gbps": 10_000, "fabric_gbps": 10_000,
+          "size_mib": 65_536, "size_kib": 1 << 20, "msg_kib": 1 << 20}
+
 COMMON = ["goodput_bps", "retransmissions", "drops", "max_queue_bytes", "jain_fairness",
           "app_errors", "fct_p50_s", "fct_p99_s", "timeouts", "completed_flows"]
 
@@ -53,6 +59,14 @@ COMMON = ["goodput_bps", "retransmissions", "drops", "max_queue_bytes", "jain_fa
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise UsageError(msg)
+
+
+def _sizes(**values) -> None:
+    """Sizes and rates: finite, positive and within what a simulation can hold."""
+    for name, v in values.items():
+        flag = "--" + name.replace("_", "-")
+        _check(math.isfinite(v) and v > 0, f"{flag} must be a positive number (got {v})")
+        _check(v <= LIMITS.get(name, 1 << 20), f"{flag} must be at most {LIMITS.get(name, 1 << 20)}")
 
 
 @sim.command()
@@ -75,7 +89,7 @@ def loss(loss, mode, seed, rate_gbps, size_mib, msg_kib, baseline, as_json):
     frame (data and acknowledgements) is lost with probability --loss at the switch egress.
     """
     _check(0.0 <= loss < 1.0, "--loss must be in [0, 1)")
-    _check(rate_gbps > 0 and size_mib > 0 and msg_kib > 0, "sizes and rates must be positive")
+    _sizes(rate_gbps=rate_gbps, size_mib=size_mib, msg_kib=msg_kib)
     if not as_json:
         log(f"simulating loss={loss} mode={mode} seed={seed} …")
     doc = S.run_loss(loss, mode, seed, rate_gbps, size_mib, msg_kib, baseline)
@@ -105,7 +119,7 @@ def incast(senders, credits, mode, seed, qps, rate_gbps, size_kib, msg_kib, as_j
     """
     _check(senders >= 1 and qps >= 1, "--senders and --qps must be >= 1")
     _check(senders * qps <= 20_000, "at most 20000 QPs")
-    _check(rate_gbps > 0 and size_kib > 0 and msg_kib > 0, "sizes and rates must be positive")
+    _sizes(rate_gbps=rate_gbps, size_kib=size_kib, msg_kib=msg_kib)
     if not as_json:
         log(f"simulating {senders}-to-1 incast mode={mode} credits={credits} seed={seed} …")
     doc = S.run_incast(senders, credits, mode, seed, rate_gbps, size_kib, msg_kib, qps)
@@ -141,9 +155,9 @@ def multipath(paths, fail_at, mode, seed, entropies, host_gbps, fabric_gbps, siz
     """
     _check(1 <= paths <= 64, "--paths must be in 1..64")
     _check(entropies is None or 1 <= entropies <= 64, "--entropies must be in 1..64")
-    _check(fail_at is None or fail_at >= 0, "--fail-at must be >= 0")
-    _check(host_gbps > 0 and fabric_gbps > 0 and size_mib > 0 and msg_kib > 0,
-           "sizes and rates must be positive")
+    _check(fail_at is None or (math.isfinite(fail_at) and fail_at >= 0),
+           "--fail-at must be a number >= 0")
+    _sizes(host_gbps=host_gbps, fabric_gbps=fabric_gbps, size_mib=size_mib, msg_kib=msg_kib)
     if not as_json:
         log(f"simulating {paths}-path leaf-spine mode={mode} seed={seed} …")
     doc = S.run_multipath(paths, fail_at, mode, seed, host_gbps, fabric_gbps, size_mib, msg_kib,
