@@ -1019,11 +1019,14 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         d = 0;                                /* older than what is acknowledged */
     if (d > outstanding)
         return RX_UNEXPECTED_RESPONSE;        /* beyond what was sent (RESP-12) */
+    /* len: the receiver's credit (CC-8), CREDIT_VALID | Limit PSN, or 0: unlimited */
+    u32 cred = sk.flags & SACK_F_CREDIT_VALID ? CREDIT_VALID | (bpf_ntohl(sk.limit) & PSN_MASK) : 0;
     if (d) {                                  /* imm: the timestamp echo, an RTT sample */
         qp->una = (psn + 1) & PSN_MASK;
         qp->acks_received++;
-        event(EV_ACK, qpn, psn, syn, 0, 0, bpf_ntohl(sk.ts), 1, msn);
     }
+    if (d || cred)
+        event(EV_ACK, qpn, psn, syn, 0, cred, bpf_ntohl(sk.ts), 1, msn);
     if (type == 1) {                          /* RNR: PSN cumulative + 1 waits (SACK-6) */
         qp->rnr_nak_received++;
         event(EV_NAK, qpn, (psn + 1) & PSN_MASK, syn, 0, 0, 0, 0, msn);
@@ -1035,7 +1038,7 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
     qp->sbm_lo = lo;
     qp->sack_cum = psn;
     if (hi | lo) {
-        event_va(EV_SACK, qpn, psn, syn, hi, lo, 0, bpf_ntohl(sk.ts), sk.flags, msn);
+        event_va(EV_SACK, qpn, psn, syn, hi, lo, cred, bpf_ntohl(sk.ts), sk.flags, msn);
     }
     return d || (hi | lo) ? RX_ACK : RX_DUPLICATE;
 }
@@ -1123,6 +1126,13 @@ int nic_rx(struct xdp_md *ctx)
         if (qp->state == QP_RX_ERROR)
             return verdict(RX_QP_ERROR, XDP_DROP);
         reason = on_mr_request(ctx, &rp, qpn, qp, op, psn, ackreq, l4, pad, &pl);
+        if (pl.kind == REPLY_SACK && !(pl.syndrome >> 5)) {
+            u32 *share = credit.lookup(&qpn);      /* incast: grant this sender its share */
+            if (share && *share) {
+                pl.x.flags |= SACK_F_CREDIT_VALID;
+                pl.x.limit = (pl.psn + 1 + *share) & PSN_MASK;
+            }
+        }
         if (pl.kind)
             return reply(ctx, &rp, &pl, qp->dqpn, reason);
         return verdict(reason, XDP_DROP);

@@ -72,6 +72,8 @@
 #define PETH_F_ACK_NOW 0x40
 #define SACK_F_ECE 0x80
 #define SACK_F_OOO 0x40
+#define SACK_F_CREDIT_VALID 0x10  /* the Credit Limit PSN binds the sender (CC-8) */
+#define CREDIT_VALID 0x80000000u  /* in an event's len: a credit limit PSN follows (low 24 bits) */
 #ifndef MR_WINDOW
 #define MR_WINDOW 128             /* receive window in PSNs (SACK-1); the bitmap holds 127 */
 #endif

@@ -13,6 +13,7 @@ BPF_F_TABLE("array", u32, struct mr_chunk, mr_tmpl, 1, BPF_F_MMAPABLE_ | BPF_F_I
 BPF_HASH_OF_MAPS(mrs, u32, "mr_tmpl", MAX_MRS);     /* key -> the MR's memory */
 BPF_HASH(mr_infos, u32, struct mr_info, MAX_MRS);  /* key -> bounds, access, PD */
 BPF_HASH(qps, u32, struct nic_qp, MAX_QPS);         /* local QPN -> QP state */
+BPF_HASH(credit, u32, u32, MAX_QPS);               /* local QPN -> credit share in packets (CC-8) */
 BPF_HASH(sq_psn, u32, u32, MAX_QPS);                /* local QPN -> next PSN the requester sends */
 BPF_HASH(rq, u64, struct recv_wqe, MAX_QPS * 64);   /* (QPN, slot) -> posted receive */
 BPF_HASH(rd_slots, u64, struct rd_slot, MAX_QPS * 4);   /* (QPN, slot) -> outstanding READ/ATOMIC */

@@ -21,6 +21,8 @@ struct reply_ext {
     __u32 ts;         /* the triggering packet's PETH timestamp (echoed) */
     __u32 ce_count;
     __u32 ssn;        /* MR_ATOMIC_ACKNOWLEDGE: the request's SSN */
+    __u32 limit;      /* SACK with flag C: the Credit Limit PSN (CC-8) */
+    __u32 pad2;
     __u64 bm_hi;      /* SACK bitmap, wire order */
     __u64 bm_lo;
 };
@@ -163,7 +165,10 @@ static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, i
         q[0] = x->path;
         q[1] = x->flags;
         q[2] = q[3] = 0;
-        q[4] = q[5] = q[6] = q[7] = 0;         /* no credit limit */
+        q[4] = 0;                              /* Credit Limit PSN (valid with flag C) */
+        q[5] = x->limit >> 16;
+        q[6] = x->limit >> 8;
+        q[7] = x->limit;
         q[8] = x->ts >> 24;
         q[9] = x->ts >> 16;
         q[10] = x->ts >> 8;

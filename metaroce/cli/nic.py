@@ -4,7 +4,7 @@ import os
 
 import click
 
-from ..errors import MetaroceError
+from ..errors import MetaroceError, UsageError
 from ..system import require_root
 from .output import emit_json, json_option, log
 
@@ -25,10 +25,17 @@ def _dev(dev, netns):
 @click.option("--mode", type=click.Choice(["roce", "metaroce"]), default=None,
               help="Transport mode [default: the --config file's, else roce].")
 @click.option("--foreground", is_flag=True, help="Stay attached to the terminal.")
+@click.option("--credits/--no-credits", default=True, show_default=True,
+              help="Receiver credits for incast (spec CC-8; MetaRoCE mode).")
+@click.option("--link-rate", default=None,
+              help="The device's bottleneck rate for credits, e.g. 150mbit or 25gbit "
+                   "[default: the interface's speed, else 10gbit].")
+@click.option("--credit-rtt-us", type=click.FloatRange(1, 1e6), default=500.0, show_default=True,
+              help="Base round trip the credit BDP is computed with.")
 @click.option("--config", "config_path", default=None,
               help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
 @json_option
-def up(dev, netns, mode, foreground, config_path, as_json):
+def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_path, as_json):
     """Turn DEV into a MetaRoCE RDMA device (XDP NIC + daemon)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
@@ -37,17 +44,25 @@ def up(dev, netns, mode, foreground, config_path, as_json):
         from ..provision.daemon_config import load_for  # noqa: PLC0415
         mode = load_for(config_path, dev, mode, log)
     mode = mode or "roce"
+    cfg = None
+    if credits:
+        from ..nic.credit import CreditConfig, parse_rate  # noqa: PLC0415
+        try:
+            rate = parse_rate(link_rate) if link_rate else None   # None: the device's speed
+        except ValueError as exc:
+            raise UsageError(f"--link-rate: {exc}") from None
+        cfg = CreditConfig(link_rate_bps=rate, base_rtt_s=credit_rtt_us / 1e6)
     if foreground:
         if d.running_pid(did):
             raise MetaroceError(f"a MetaRoCE daemon already runs on {dev}: metaroce down --dev {dev}")
         d.clean_stale(did)
-        dm = d.Daemon(did, mode)
+        dm = d.Daemon(did, mode, cfg)
         log(f"metaroce: {dev} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
         from ..deploy.systemd import sd_notify  # noqa: PLC0415
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
         return 0
-    st = d.start_background(did, mode)
+    st = d.start_background(did, mode, cfg)
     if as_json:
         emit_json(st)
     else:

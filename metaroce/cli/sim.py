@@ -51,6 +51,7 @@ def _report(doc: dict, as_json: bool, keys: list[str]) -> None:
 # what one simulation may be asked for (a simulated second of 10 Tbit/s is already huge)
 LIMITS = {"rate_gbps": 10_000, "host_gbps": 10_000, "fabric_gbps": 10_000,
           "size_mib": 65_536, "size_kib": 1 << 20, "msg_kib": 1 << 20}
+MINIMA = {"rate_gbps": 0.001, "host_gbps": 0.001, "fabric_gbps": 0.001, "size_mib": 1 / 1024}
 
 COMMON = ["goodput_bps", "retransmissions", "drops", "max_queue_bytes", "jain_fairness",
           "app_errors", "fct_p50_s", "fct_p99_s", "timeouts", "completed_flows"]
@@ -67,6 +68,7 @@ def _sizes(**values) -> None:
         flag = "--" + name.replace("_", "-")
         _check(math.isfinite(v) and v > 0, f"{flag} must be a positive number (got {v})")
         _check(v <= LIMITS.get(name, 1 << 20), f"{flag} must be at most {LIMITS.get(name, 1 << 20)}")
+        _check(v >= MINIMA.get(name, 1), f"{flag} must be at least {MINIMA.get(name, 1)}")
 
 
 @sim.command()

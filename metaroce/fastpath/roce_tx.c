@@ -185,13 +185,14 @@ static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struc
 {
     uint8_t ext[MAX_EXT], op;
     uint32_t elen;
-    int ackreq = last || (idx + 1) % ACKREQ_EVERY == 0;
+    int edge = m->ack_at && idx + 1 == m->ack_at;   /* the window's / credit's last packet */
+    int ackreq = last || edge || (idx + 1) % ACKREQ_EVERY == 0;
     switch (m->kind) {
     case MR_MSG_WRITE:
         op = first && last ? (imm ? RC_RDMA_WRITE_ONLY_IMM : RC_RDMA_WRITE_ONLY)
            : first ? RC_RDMA_WRITE_FIRST : last ? (imm ? RC_RDMA_WRITE_LAST_IMM : RC_RDMA_WRITE_LAST)
            : RC_RDMA_WRITE_MIDDLE;
-        elen = put_peth(ext, m, off, 0);
+        elen = put_peth(ext, m, off, edge);
         put64(ext + elen, m->va);
         put32(ext + elen + 8, m->rkey);
         put32(ext + elen + 12, (uint32_t)m->len);
@@ -200,7 +201,7 @@ static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struc
     case MR_MSG_SEND:
         op = first && last ? (imm ? RC_SEND_ONLY_IMM : RC_SEND_ONLY)
            : first ? RC_SEND_FIRST : last ? (imm ? RC_SEND_LAST_IMM : RC_SEND_LAST) : RC_SEND_MIDDLE;
-        elen = put_peth(ext, m, off, 0);
+        elen = put_peth(ext, m, off, edge);
         break;
     case MR_MSG_READ_RESP:
         op = first && last ? RC_RDMA_READ_RESPONSE_ONLY : first ? RC_RDMA_READ_RESPONSE_FIRST

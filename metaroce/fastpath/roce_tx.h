@@ -56,7 +56,7 @@ struct mr_roce_msg {
     uint8_t path;          /* PathID */
     uint8_t retx;          /* set PETH.RETX on what is sent now */
     uint16_t pad2;
-    uint32_t pad3;
+    uint32_t ack_at;       /* 1 + the packet index that asks for a SACK at once (ACK_NOW), or 0 */
 };
 
 /* Packets the message takes. */

@@ -25,6 +25,7 @@ from ..errors import MetaroceError
 from ..kern import libbpf
 from pyroute2 import netns as _netns
 
+from .credit import CreditConfig, link_speed_bps
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
 from .rx import RxPath
@@ -105,7 +106,7 @@ def _checked_wrs(wrs) -> list:
 class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
-    def __init__(self, dev: DeviceId, mode: str = "roce"):
+    def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
         self.dev, self.mode = dev, mode
@@ -123,7 +124,11 @@ class Daemon:
         _detach_netlink_xdp(self.ifindex)
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
         self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
-        self.device = Device(self.rx, self.ifindex, mode)
+        if credits is not None:
+            if credits.link_rate_bps is None:
+                credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
+            credits.pmtu = min(4096, 1 << (max(256, mtu - 100).bit_length() - 1))
+        self.device = Device(self.rx, self.ifindex, mode, credits)
         os.makedirs(RUN_DIR, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -145,6 +150,8 @@ class Daemon:
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
                 "tx": self.device.xsk.stats(),
+                "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
+                            if self.device.credits else {"enabled": False}),
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
 
     def _op(self, conn, req: dict) -> tuple[dict, list[int]]:
@@ -292,6 +299,7 @@ class Daemon:
                         self._send(conn, {"error": "request line too long"})
                         buffers[conn] = b""
                 dev.on_events()
+                dev.tick(time.monotonic())
                 busy = dev.transmit()
                 dev.on_events()
                 for cq, wcs in dev.take_wcs():
@@ -346,7 +354,7 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
         s.close()
 
 
-def start_background(dev: DeviceId, mode: str = "roce") -> dict:
+def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
     """Fork a daemon for dev, wait until it serves (or report why it could not), return its
     status."""
     pid = running_pid(dev)
@@ -374,7 +382,7 @@ def start_background(dev: DeviceId, mode: str = "roce") -> dict:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         try:
-            dm = Daemon(dev, mode)
+            dm = Daemon(dev, mode, credits)
         except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
             os.write(wfd, f"error: {exc}".encode())
             os._exit(1)

@@ -19,7 +19,8 @@ from ..engine.wr import WcStatus
 from ..errors import MetaroceError
 from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
-from .rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
+from .credit import CreditConfig, CreditGranter
+from .rx import (CREDIT_VALID, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
                  EV_EPSN, EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
                  EV_RECV_ERR, EV_SACK, QP_COUNTERS, QP_RX_ERROR, RD_ATOMIC, RD_DEPTH, RD_READ,
                  RQ_DEPTH, MemoryRegion, RxPath)
@@ -44,6 +45,7 @@ MAX_EXT = 48             # the longest extension headers a packet carries (PETH 
 # RTO-1: the spec's default RTO_min is 50 us; this software NIC's event loop (Python, woken
 # across vCPUs) has millisecond jitter, so its floor is 1 ms: a lower one retransmits spuriously
 RTO_MIN_S = 1e-3
+INITIAL_CREDIT_PKTS = 2         # CC-8: what a MetaRoCE sender may send before the first SACK
 MAX_MSG = 1 << 31
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
                  "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
@@ -144,7 +146,8 @@ class Qp:
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
                       "selective_retransmits": 0, "rto_expired": 0, "partial_rereads": 0,
-                      "cnp_received": 0}
+                      "cnp_received": 0, "credit_grants": 0, "credit_blocked": 0}
+        self.credit_limit = None                # CC-8: no new PSN at or past it (None: unlimited)
 
     @property
     def in_flight_pkts(self) -> int:
@@ -155,8 +158,9 @@ class Device:
     """PDs, MRs, CQs and QPs of every connection of one daemon, and the worker that moves
     their work requests."""
 
-    def __init__(self, rx: RxPath, ifindex: int, mode: str):
+    def __init__(self, rx: RxPath, ifindex: int, mode: str, credits: CreditConfig | None = None):
         self.rx, self.ifindex, self.mode = rx, ifindex, mode
+        self.credits = CreditGranter(rx, credits) if credits and mode == "metaroce" else None
         mod = _lib()
         self.ffi, self.c = mod.ffi, mod.lib
         self.xsk = XskSocket(ifindex)
@@ -276,6 +280,8 @@ class Device:
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
                        rnr_timer=int(attr.get("min_rnr_timer", 12)), metaroce=qp.metaroce)
         qp.rx_epsn = rpsn
+        if qp.metaroce:                 # CC-8: start in credit mode, the first grant (or a SACK
+            qp.credit_limit = _add(qp.sq_psn, INITIAL_CREDIT_PKTS)   # without one) replaces it
         qp.state = "RTS"
         return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu,
                 "mode": self.qp_mode(qp)}
@@ -303,6 +309,8 @@ class Device:
         qp = self.own_qp(owner, qpn)
         self._flush(qp, None)
         self.rx.del_qp(qpn)
+        if self.credits:
+            self.credits.forget(qpn)
         del self.qps[qpn]
 
     def release_pd(self, owner, pd: int) -> None:
@@ -704,6 +712,7 @@ class Device:
             if t == EV_ACK:
                 if e.flags & 1 and qp.metaroce:
                     self._rtt_sample(qp, e.imm)
+                    self._credit(qp, e.len)
                 if _after(_add(e.psn, 1), qp.una):       # progress: full retry budget again
                     qp.una = _add(e.psn, 1)
                     qp.retries_left = qp.retry_cnt
@@ -737,6 +746,7 @@ class Device:
                 self._release_recvs(qp)
             elif t == EV_SACK:
                 self._rtt_sample(qp, e.imm)
+                self._credit(qp, e.len)
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
@@ -748,6 +758,16 @@ class Device:
             elif t == EV_CNP:
                 qp.stats["cnp_received"] += 1
         return n
+
+    @staticmethod
+    def _credit(qp: Qp, cred: int) -> None:
+        """A SACK's credit (CC-8): with flag C the sender may not send PSNs at or past the Limit
+        PSN; a SACK without it ends credit mode."""
+        if cred & CREDIT_VALID:
+            qp.credit_limit = cred & PSN_MASK
+            qp.stats["credit_grants"] += 1
+        else:
+            qp.credit_limit = None
 
     def _implicit_ack(self, qp: Qp, psn: int) -> None:
         """A READ response or atomic ACK acknowledges every request before it (the responder
@@ -896,7 +916,10 @@ class Device:
         return moved
 
     def _expire(self, qp: Qp, st: dict | None, now: float) -> None:
-        """The retransmission timer expired with no progress: count it and resend."""
+        """The retransmission timer expired with no progress: count it and resend. A sender
+        blocked by a credit leaves credit mode (CC-9): the next SACK grants again if the
+        receiver is still in incast."""
+        qp.credit_limit = None
         rto = self._timer(qp)
         qp.stats["rto_expired"] += 1
         if not qp.metaroce or rto >= qp.timeout:   # RTO-2: only at RTO_max (RESP-9)
@@ -947,15 +970,23 @@ class Device:
             psn = _add(w.first_psn, pkt)
             ahead = (psn - qp.una) & PSN_MASK
             window = MR_WINDOW_PKTS if qp.metaroce else WINDOW_PKTS
+            if qp.credit_limit is not None:
+                allowed = (qp.credit_limit - qp.una) & PSN_MASK
+                window = min(window, allowed if allowed < PSN_HALF else 0)
             if ahead >= PSN_HALF:
                 ahead = 0                               # behind una (after a go-back)
             if ahead >= window:
+                if qp.credit_limit is not None:
+                    qp.stats["credit_blocked"] += 1
                 break                                   # window full (MetaRoCE: the responder
                                                         # would not record it, SACK-1)
             total = w.npkts if w.kind in (MSG_WRITE, MSG_SEND) else 1
             nxt[0] = pkt
-            sent = self.c.mr_send_range(self.xsk._x, qp.flow, w.msg, w.data, nxt,
-                                        min(total, pkt + window - ahead))
+            upto = min(total, pkt + window - ahead)
+            if upto < total and qp.metaroce:
+                w.msg.ack_at = upto                     # the edge's packet asks for a SACK now
+            sent = self.c.mr_send_range(self.xsk._x, qp.flow, w.msg, w.data, nxt, upto)
+            w.msg.ack_at = 0
             qp.stats["sent_packets"] += sent
             queued += sent
             pkt = nxt[0]
@@ -973,9 +1004,16 @@ class Device:
     def idle(self) -> bool:
         return not self.responses and all(not q.sq and not q.pending for q in self.qps.values())
 
+    def tick(self, now: float) -> None:
+        """Periodic work: the receiver's credit shares (CC-8)."""
+        if self.credits is not None and self.qps:
+            self.credits.tick(self.qps.values(), now)
+
     def next_deadline(self) -> float | None:
         ds = [q.deadline for q in self.qps.values() if q.deadline] + \
              [q.hold_until for q in self.qps.values() if q.hold_until > time.monotonic()]
+        if self.credits is not None and any(q.metaroce for q in self.qps.values()):
+            ds.append(self.credits.next_tick)
         return min(ds) if ds else None
 
     def take_wcs(self) -> list[tuple[Cq, list]]:
@@ -1002,6 +1040,8 @@ class Device:
         rto = self._timer(qp)
         out["rto_us"] = round(rto * 1e6, 1) if rto else None
         out["cwnd_pkts"] = MR_WINDOW_PKTS if qp.metaroce else WINDOW_PKTS
+        out["credit_limit_psn"] = qp.credit_limit           # as a sender (None: unlimited)
+        out["credit_share_pkts"] = self.credits.share_of(qp.qpn) if self.credits else 0
         return out
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "na
                "atomic_ack", "cnp", "sack")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
+CREDIT_VALID = 0x80000000        # an event's len carries a Credit Limit PSN (nic_consts.h)
 QP_RX_ERROR = 3                  # qp.state after a fatal NAK (nic_consts.h)
 EV_RECV, EV_READ_REQUEST, EV_ACK, EV_NAK, EV_RD_DONE, EV_RD_GAP, EV_CNP, EV_RECV_ERR, \
     EV_QP_ERROR, EV_SACK, EV_EPSN = range(1, 12)
@@ -94,6 +95,7 @@ class RxPath:
         self._rd_fd = self.bpf[b"rd_slots"].map_fd
         self._atomic_fd = self.bpf[b"atomic_results"].map_fd
         self.events_fd = self.bpf[b"events"].map_fd
+        self._credit_fd = self.bpf[b"credit"].map_fd
         libbpf.map_update_raw(self.bpf[b"crc_tab"].map_fd, struct.pack("=I", 0), crc32_slice8_tables())
         self.mrs: dict[int, MemoryRegion] = {}
 
@@ -125,9 +127,25 @@ class RxPath:
         """The next PSN the requester will send: ACKs beyond it are forged (RESP-12)."""
         libbpf.map_update_raw(self._sq_fd, struct.pack("=I", qpn), struct.pack("=I", psn))
 
+    def set_credit(self, qpn: int, share: int) -> None:
+        """CC-8: the XDP responder grants this QP's sender `share` packets past its cumulative
+        PSN in every SACK (flag C); 0 ends credit mode (SACKs without flag C)."""
+        key = struct.pack("=I", qpn)
+        if share:
+            libbpf.map_update_raw(self._credit_fd, key, struct.pack("=I", share))
+        else:
+            libbpf.map_delete_raw(self._credit_fd, key, missing_ok=True)
+
+    def qp_epsn(self, qpn: int) -> int | None:
+        """One field, the responder's expected PSN (it moves with every in-order request)."""
+        try:
+            return self._qps[self._qps.Key(qpn)].epsn
+        except KeyError:
+            return None
+
     def del_qp(self, qpn: int) -> None:
         key = struct.pack("=I", qpn)
-        for fd in (self._qps_fd, self._sq_fd):
+        for fd in (self._qps_fd, self._sq_fd, self._credit_fd):
             libbpf.map_delete_raw(fd, key, missing_ok=True)
         for fd, depth in ((self._rq_fd, RQ_DEPTH), (self._rd_fd, RD_DEPTH),
                           (self._atomic_fd, RD_DEPTH)):

@@ -1,0 +1,112 @@
+"""Receiver credits in the real data path (spec CC-8, CC-9): the daemon's side.
+
+The XDP responder stamps every MR_SACK of a QP that has an entry in the `credit` map with flag C
+and Limit PSN = cumulative PSN + 1 + share; the XDP requester hands a received credit to its
+daemon in the ACK/SACK event, and the daemon sends no new PSN at or beyond the limit (device.py).
+What is left to user space is deciding the shares, which is done here on a timer: a QP is an
+active sender while its expected PSN moved within `idle_s`; with at least `min_senders` active
+(incast: their windows together exceed the receiver link's BDP) each gets
+share = max(min_share, BDP in packets // active senders); otherwise no QP is limited. The map is
+written only when a share changes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text: str | float | int) -> float:
+    """Bits per second from 150e6, "150000000", "150mbit", "10G" or "10gbit"."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*",
+                         str(text).lower())
+        if not m:
+            raise ValueError(f"not a rate: {text!r} (e.g. 150mbit, 10gbit, 25e9)")
+        value = float(m.group(1)) * RATE_UNITS[m.group(2)]
+    if not 1e3 <= value <= 1e13:
+        raise ValueError(f"a link rate must be between 1 kbit/s and 10 Tbit/s, not {value:g}")
+    return value
+
+
+def link_speed_bps(dev: str) -> float | None:
+    """The kernel's idea of the device's speed (veth says 10 Gbit/s), or None."""
+    try:
+        with open(os.path.join("/sys/class/net", dev, "speed")) as f:
+            mbit = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return mbit * 1e6 if mbit > 0 else None
+
+
+@dataclass
+class CreditConfig:
+    link_rate_bps: float | None = None   # the receiver's link, the incast bottleneck (None:
+                                         # the interface's speed, resolved by the daemon)
+    base_rtt_s: float = 500e-6      # this software NIC's round trip floor
+    pmtu: int = 1024
+    min_senders: int = 2
+    idle_s: float = 0.020           # a sender is active while it delivered within this time
+    tick_s: float = 0.002
+    min_share: int = 2
+
+    @property
+    def bdp_pkts(self) -> int:
+        return max(1, int(self.link_rate_bps * self.base_rtt_s / 8 / self.pmtu))
+
+    def describe(self) -> dict:
+        return {"enabled": True, "link_rate_bps": self.link_rate_bps,
+                "base_rtt_us": round(self.base_rtt_s * 1e6, 1), "bdp_pkts": self.bdp_pkts,
+                "min_senders": self.min_senders, "idle_s": self.idle_s}
+
+
+class CreditGranter:
+    """Decides each MetaRoCE QP's share every tick_s and writes it to the kernel's map."""
+
+    def __init__(self, rx, cfg: CreditConfig):
+        self.rx, self.cfg = rx, cfg
+        self.next_tick = 0.0
+        self.seen: dict[int, int] = {}          # qpn -> expected PSN at the last tick
+        self.active_until: dict[int, float] = {}
+        self.granted: dict[int, int] = {}       # qpn -> share in the map (absent: 0)
+        self.stats = {"credit_ticks": 0, "credit_updates": 0, "incast_active_max": 0}
+
+    def tick(self, qps, now: float) -> None:
+        if now < self.next_tick:
+            return
+        self.next_tick = now + self.cfg.tick_s
+        self.stats["credit_ticks"] += 1
+        live = [q for q in qps if q.state == "RTS" and q.metaroce]
+        active = []
+        for q in live:
+            epsn = self.rx.qp_epsn(q.qpn)
+            if epsn is not None and epsn != self.seen.get(q.qpn):
+                self.seen[q.qpn] = epsn
+                self.active_until[q.qpn] = now + self.cfg.idle_s
+            if self.active_until.get(q.qpn, 0.0) > now:
+                active.append(q.qpn)
+        n = len(active)
+        self.stats["incast_active_max"] = max(self.stats["incast_active_max"], n)
+        share = max(self.cfg.min_share, self.cfg.bdp_pkts // n) if n >= self.cfg.min_senders else 0
+        want = {qpn: share for qpn in active} if share else {}
+        for qpn in set(self.granted) | set(want):
+            s = want.get(qpn, 0)
+            if s != self.granted.get(qpn, 0):
+                self.rx.set_credit(qpn, s)
+                self.stats["credit_updates"] += 1
+                if s:
+                    self.granted[qpn] = s
+                else:
+                    self.granted.pop(qpn, None)
+
+    def forget(self, qpn: int) -> None:
+        for d in (self.seen, self.active_until, self.granted):
+            d.pop(qpn, None)
+
+    def share_of(self, qpn: int) -> int:
+        return self.granted.get(qpn, 0)

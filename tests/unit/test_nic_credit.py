@@ -1,0 +1,56 @@
+"""The daemon's credit shares (spec CC-8) and the rate parser of `metaroce up --link-rate`."""
+
+import pytest
+
+from metaroce.nic.credit import CreditConfig, CreditGranter, parse_rate
+
+
+class FakeRx:
+    def __init__(self):
+        self.epsn, self.map = {}, {}
+
+    def qp_epsn(self, qpn):
+        return self.epsn.get(qpn)
+
+    def set_credit(self, qpn, share):
+        if share:
+            self.map[qpn] = share
+        else:
+            self.map.pop(qpn, None)
+
+
+class Q:
+    def __init__(self, qpn, metaroce=True):
+        self.qpn, self.metaroce, self.state = qpn, metaroce, "RTS"
+
+
+@pytest.mark.parametrize("text,bps", [("150mbit", 150e6), ("10G", 10e9), ("25e9", 25e9),
+                                      ("1.5gbit", 1.5e9), (2e6, 2e6), ("100kbps", 1e5)])
+def test_parse_rate(text, bps):
+    assert parse_rate(text) == bps
+
+
+@pytest.mark.parametrize("bad", ["", "fast", "-5mbit", "1e20", "10 furlongs", "0"])
+def test_parse_rate_refuses(bad):
+    with pytest.raises(ValueError):
+        parse_rate(bad)
+
+
+def test_shares_only_in_incast_and_split_the_bdp():
+    cfg = CreditConfig(link_rate_bps=100e6, base_rtt_s=2e-3, pmtu=1024, tick_s=0.001)
+    assert cfg.bdp_pkts == 24
+    rx, qps = FakeRx(), [Q(1), Q(2), Q(3), Q(4, metaroce=False)]
+    g = CreditGranter(rx, cfg)
+    rx.epsn = {1: 10}
+    g.tick(qps, 0.0)
+    assert rx.map == {}                       # one active sender: no incast, nobody limited
+    rx.epsn = {1: 11, 2: 5, 3: 7, 4: 9}
+    g.tick(qps, 0.002)
+    assert rx.map == {1: 8, 2: 8, 3: 8}       # 24 // 3; the RoCEv2 QP is never limited
+    g.tick(qps, 0.003)                        # nothing moved, but still active (idle_s)
+    assert rx.map == {1: 8, 2: 8, 3: 8}
+    rx.epsn[1] = 12
+    g.tick(qps, 0.030)                        # 2 and 3 went idle: 1 alone is no incast
+    assert rx.map == {}
+    g.forget(1)
+    assert g.share_of(1) == 0
