@@ -3,7 +3,7 @@ VENV   ?= $(CURDIR)/.venv
 PY     := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-unit test-integration bench clean fuzz soak
+.PHONY: setup demo test test-unit test-integration bench clean fuzz fuzz-wire soak
 
 setup:
 	@bash tools/setup.sh
@@ -22,6 +22,10 @@ test-integration: setup
 
 fuzz: setup
 	$(VENV)/bin/metaroce fuzz --packets 1000000
+
+# 100,000 frames on the wire against a running daemon in a pair lab (a few minutes)
+fuzz-wire: setup
+	$(VENV)/bin/metaroce fuzz --wire --packets 100000
 
 soak: setup
 	$(PY) -m metaroce.soak --minutes 8

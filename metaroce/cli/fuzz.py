@@ -15,7 +15,8 @@ SUMMARY = ("packets", "accepted", "passed", "tx", "dropped", "unaccounted", "out
               help="Packets to run through the program.")
 @click.option("--seed", type=int, default=1, show_default=True, help="Generator seed.")
 @click.option("--wire", is_flag=True,
-              help="Fuzz a running daemon over the wire in a lab (not built yet).")
+              help="Fuzz a running daemon over the wire: a pair lab, the real daemon with live "
+                   "QPs, frames sent through an AF_PACKET socket.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds (the report says how many packets ran).")
 @json_option
@@ -24,12 +25,26 @@ def fuzz(packets, seed, wire, time_limit, as_json):
     live QPs and regions, mutated headers, lengths and keys, truncations, random frames.
     Exits non-zero if any packet is unaccounted for, any byte changes outside what an
     accepted packet may write, or any other invariant fails."""
-    if wire:
-        raise UsageError("--wire (fuzzing a running daemon in a lab) is not built yet; "
-                         "run metaroce fuzz without --wire for the BPF_PROG_TEST_RUN fuzzer")
     from ..system import import_bcc, require_root  # noqa: PLC0415
     require_root("metaroce fuzz")
     import_bcc()
+    if wire:
+        if time_limit is not None:
+            raise UsageError("--time-limit applies to the BPF_PROG_TEST_RUN fuzzer, not --wire")
+        from ..fuzz.wire import fuzz_wire  # noqa: PLC0415
+        if not as_json:
+            log(f"fuzzing a running daemon over the wire: {packets} frames, seed {seed}")
+        rep = fuzz_wire(packets, seed, progress=lambda done, t: log(f"  {done} frames, {t:.0f} s"))
+        if as_json:
+            emit_json(rep)
+        else:
+            for k in SUMMARY + ("not_delivered", "delivered", "qps_rearmed"):
+                click.echo(f"{k:<22} {rep[k]:>12,}")
+            click.echo("drops by reason:")
+            for k, v in rep["drops_by_reason"].items():
+                click.echo(f"  {k:<20} {v:>12,}")
+            click.echo(f"daemon serves after: {'yes' if rep['daemon_serves_after'] else 'NO'}")
+        return 0 if rep["ok"] else 1
     from ..fuzz.harness import fuzz_fastpath  # noqa: PLC0415
 
     if not as_json:
