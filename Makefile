@@ -32,11 +32,13 @@ soak: setup
 
 # the quick benchmark set (each script also has --full); results and plots in tools/bench/results
 bench: setup
-	$(VENV)/bin/pip install -q -e '.[bench]'
+	$(VENV)/bin/pip install -q -e '.[bench,torch]'
 	$(PY) tools/bench/vs_tcp.py --quick
 	$(PY) tools/bench/loss_sweep.py --quick
 	$(PY) tools/bench/qp_scale.py --quick
 	$(PY) tools/bench/daemon_rtt.py
+	$(PY) tools/bench/sim_scale.py --quick
+	$(PY) tools/bench/allreduce.py --hosts 3 --quick
 	$(PY) tools/bench/report.py
 
 clean:

@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from metaroce.collectives import (Communicator, bus_bandwidth, new_job,  # noqa: E402
                                   ring_allreduce_bytes, tree_allreduce_bytes)
 from metaroce.collectives.lab import lab_hosts  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchlab import header  # noqa: E402
 from metaroce.collectives.launch import run_ranks  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -108,7 +111,7 @@ def main() -> int:
                      "ratio": bm / bg if bg else None,
                      "metaroce_sent_per_iter": m["sent_per_iter"],
                      "algorithm": m["algorithm"], "ring_volume": m["ring_volume"]})
-    doc = {"hosts": a.hosts, "quick": a.quick, "command": " ".join(["tools/bench/allreduce.py",
+    doc = {**header("allreduce"), "hosts": a.hosts, "quick": a.quick, "command": " ".join(["tools/bench/allreduce.py",
                                                                      *sys.argv[1:]]),
            "rows": rows}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
