@@ -1021,6 +1021,7 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         return RX_UNEXPECTED_RESPONSE;        /* beyond what was sent (RESP-12) */
     /* len: the receiver's credit (CC-8), CREDIT_VALID | Limit PSN, or 0: unlimited */
     u32 cred = sk.flags & SACK_F_CREDIT_VALID ? CREDIT_VALID | (bpf_ntohl(sk.limit) & PSN_MASK) : 0;
+    qp->credit = cred;
     if (d) {                                  /* imm: the timestamp echo, an RTT sample */
         qp->una = (psn + 1) & PSN_MASK;
         qp->acks_received++;

@@ -68,7 +68,7 @@ struct nic_qp {
     __u64 sbm_hi;     /* requester: the last SACK's bitmap and cumulative PSN */
     __u64 sbm_lo;
     __u32 sack_cum;
-    __u32 pad2;
+    __u32 credit;     /* requester: the last SACK's credit, CREDIT_VALID | Limit PSN, 0: none */
     __u64 sacks_sent;
     __u64 sacks_received;
 };

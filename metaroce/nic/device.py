@@ -1041,6 +1041,8 @@ class Device:
         out["rto_us"] = round(rto * 1e6, 1) if rto else None
         out["cwnd_pkts"] = MR_WINDOW_PKTS if qp.metaroce else WINDOW_PKTS
         out["credit_limit_psn"] = qp.credit_limit           # as a sender (None: unlimited)
+        kc = int(st.get("credit", 0))                        # what the kernel took from the SACK
+        out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None
         out["credit_share_pkts"] = self.credits.share_of(qp.qpn) if self.credits else 0
         return out
 
