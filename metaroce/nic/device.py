@@ -280,8 +280,9 @@ class Device:
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
                        rnr_timer=int(attr.get("min_rnr_timer", 12)), metaroce=qp.metaroce)
         qp.rx_epsn = rpsn
-        if qp.metaroce:                 # CC-8: start in credit mode, the first grant (or a SACK
-            qp.credit_limit = _add(qp.sq_psn, INITIAL_CREDIT_PKTS)   # without one) replaces it
+        if qp.metaroce and attr.get("credit"):   # CC-8: with the peer's CREDIT capability, start
+            qp.credit_limit = _add(qp.sq_psn, INITIAL_CREDIT_PKTS)   # in credit mode; the first
+                                                # SACK's grant (or its absence) replaces it
         qp.state = "RTS"
         return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu,
                 "mode": self.qp_mode(qp)}

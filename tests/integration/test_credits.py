@@ -51,7 +51,8 @@ def incast(view, credits: CreditConfig | None) -> dict:
             c = Context("eth0", view.plan.node(h).netns)
             ctxs.append(c)
             a, b = End(c, MSGS * MSG), End(rctx, MSGS * MSG)
-            connect(a, b, ip_of(view, h), ip_of(view, rx_host), "metaroce", timeout=16, retry_cnt=7)
+            connect(a, b, ip_of(view, h), ip_of(view, rx_host), "metaroce", timeout=16, retry_cnt=7,
+                    credit=True)            # both ends speak CREDIT: start in credit mode
             a.mr.write(os.urandom(MSGS * MSG))
             pairs.append((a, b))
         before = _bottleneck(view)
