@@ -53,6 +53,7 @@ class CreditConfig:
     min_senders: int = 2
     idle_s: float = 0.020           # a sender is active while it delivered within this time
     tick_s: float = 0.002
+    quiet_tick_s: float = 0.02     # while no QP is receiving, look less often
     min_share: int = 2
 
     @property
@@ -79,7 +80,6 @@ class CreditGranter:
     def tick(self, qps, now: float) -> None:
         if now < self.next_tick:
             return
-        self.next_tick = now + self.cfg.tick_s
         self.stats["credit_ticks"] += 1
         live = [q for q in qps if q.state == "RTS" and q.metaroce]
         active = []
@@ -91,6 +91,7 @@ class CreditGranter:
             if self.active_until.get(q.qpn, 0.0) > now:
                 active.append(q.qpn)
         n = len(active)
+        self.next_tick = now + (self.cfg.tick_s if n else self.cfg.quiet_tick_s)
         self.stats["incast_active_max"] = max(self.stats["incast_active_max"], n)
         share = max(self.cfg.min_share, self.cfg.bdp_pkts // n) if n >= self.cfg.min_senders else 0
         want = {qpn: share for qpn in active} if share else {}
