@@ -251,7 +251,9 @@ def tcp_run(lab: Lab, n: int, seconds: float, run: int) -> dict:
             except subprocess.TimeoutExpired:
                 s.kill()
                 s.wait()
-    per = [x["sum_received"]["bits_per_second"] if x else 0.0 for x in docs]
+    # bytes over the common window, as for the RDMA contenders (summing each stream's own
+    # rate over its own interval overstates the aggregate when the streams start apart)
+    per = [x["sum_received"]["bytes"] * 8 / seconds if x else 0.0 for x in docs]
     return {"goodput_bps": sum(per), "jain": jain(per), "per_sender_bps": per,
             **delta(after, before), "queue_backlog_max_bytes": backlog_max,
             "retransmitted_packets": sum(x["sum_sent"].get("retransmits", 0) for x in docs if x),
