@@ -227,10 +227,15 @@ def tcp_run(lab: Lab, n: int, seconds: float, run: int) -> dict:
     time.sleep(0.5)
     before = lab.bottleneck()
     try:
-        cls = [subprocess.Popen(["ip", "netns", "exec", lab.ns[h], "iperf3", "-c", lab.ip["h1"],
-                                 "-p", str(p), "-t", str(seconds), "-J"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for h, p in zip(senders, ports)]
+        # every client sleeps until the same instant, so the streams share one window
+        go = time.time() + 0.5 + 0.05 * n
+        cls = []
+        for h, p in zip(senders, ports):
+            wait = max(0.0, go - time.time())
+            cls.append(subprocess.Popen(
+                ["ip", "netns", "exec", lab.ns[h], "sh", "-c",
+                 f"sleep {wait:.3f}; exec iperf3 -c {lab.ip['h1']} -p {p} -t {seconds:g} -J"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         backlog_max = 0
         while any(c.poll() is None for c in cls):
             backlog_max = max(backlog_max, lab.bottleneck()["backlog_bytes"])
@@ -251,8 +256,7 @@ def tcp_run(lab: Lab, n: int, seconds: float, run: int) -> dict:
             except subprocess.TimeoutExpired:
                 s.kill()
                 s.wait()
-    # bytes over the common window, as for the RDMA contenders (summing each stream's own
-    # rate over its own interval overstates the aggregate when the streams start apart)
+    # bytes over the (common) window, as for the RDMA contenders
     per = [x["sum_received"]["bytes"] * 8 / seconds if x else 0.0 for x in docs]
     return {"goodput_bps": sum(per), "jain": jain(per), "per_sender_bps": per,
             **delta(after, before), "queue_backlog_max_bytes": backlog_max,
