@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
-from benchlab import header, two_hosts
+from benchlab import header, pyplot, save_figure, summary, two_hosts
 from metaroce.lab.impair import Impairment
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPInitAttr, SendWR,
@@ -90,19 +89,9 @@ def tcp_run(ns1, ns2, ip2, seconds):
         srv.wait(timeout=30)
 
 
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
-
-
-def plot(doc, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("loss_sweep: matplotlib is not installed (pip install -e .[bench]): no plot",
-              file=sys.stderr)
+def plot(doc, name="loss_sweep"):
+    plt = pyplot("loss_sweep")
+    if plt is None:
         return None
     losses = [p["loss"] * 100 for p in doc["points"]]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -124,11 +113,7 @@ def plot(doc, path):
         a.set_xticklabels([f"{x:g}" for x in losses])
         a.grid(True, alpha=0.3)
         a.legend()
-    fig.suptitle(f"loss_sweep, {doc['machine']['host']}, {doc['date']} (lab veth, "
-                 f"{doc['runs']} runs)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    return save_figure(fig, doc, name, f"loss_sweep (lab veth, {doc['runs']} runs)")
 
 
 def main() -> int:
@@ -164,7 +149,7 @@ def main() -> int:
             view.impair("h1-sw1", "both", None)
             pt = {"loss": loss}
             for k, rs in raw.items():
-                pt[k] = {m: med([r.get(m) for r in rs]) for m in
+                pt[k] = {m: summary([r.get(m) for r in rs]) for m in
                          ("goodput_bps", "fct_p50_s", "fct_p99_s", "retransmitted_packets")
                          if any(m in r for r in rs)}
                 pt[k]["app_errors"] = sum(r.get("app_errors", 0) for r in rs)
@@ -175,7 +160,7 @@ def main() -> int:
            "depth": a.depth, "points": points}
     out = os.path.join(HERE, "results", "loss_sweep.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    doc["plot"] = plot(doc, os.path.join(HERE, "results", "loss_sweep.png"))
+    doc["plot"] = plot(doc)
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     if a.json:

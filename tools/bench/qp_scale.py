@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from benchlab import header, two_hosts
+from benchlab import header, jain, two_hosts
 from metaroce.procbpf import rss_kib
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPCap, QPInitAttr,
@@ -38,10 +38,6 @@ def map_memlock(pid: int) -> int:
         if "map_id" in info and "memlock" in info:
             total += int(info["memlock"])
     return total
-
-
-def jain(xs):
-    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
 
 
 def one(c1, c2, ip1, ip2, pids, n, seconds):

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
-from benchlab import header, two_hosts
+from benchlab import header, summary, two_hosts
 from metaroce.perf.run import busy_cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,10 +99,6 @@ def perf(ns1, ns2, ip, test, args, port):
         return doc
     finally:
         srv.communicate(timeout=30)
-
-
-def summary(xs):
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
 def main() -> int:
