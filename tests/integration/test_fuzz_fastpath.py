@@ -105,7 +105,7 @@ def test_cli_json_is_one_document_with_the_contract_fields():
 
 
 @pytest.mark.parametrize("args", [("--packets", "0"), ("--packets", "many"), ("--bogus",),
-                                  ("--wire",)])
+                                  ("--wire", "--time-limit", "5")])
 def test_cli_bad_arguments_are_one_line_and_non_zero(args):
     p = cli("fuzz", *args)
     assert p.returncode != 0 and p.stdout == ""
