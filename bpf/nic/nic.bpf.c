@@ -1026,8 +1026,11 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         qp->una = (psn + 1) & PSN_MASK;
         qp->acks_received++;
     }
+    /* flags: 1 (imm is a timestamp echo), the SACK's flags << 16 and its PathID << 8 (MP-2:
+     * the sender attributes feedback, ECN included, to the path) */
+    u32 fb = (u32)sk.path << 8 | (u32)sk.flags << 16;
     if (d || cred)
-        event(EV_ACK, qpn, psn, syn, 0, cred, bpf_ntohl(sk.ts), 1, msn);
+        event(EV_ACK, qpn, psn, syn, 0, cred, bpf_ntohl(sk.ts), 1 | fb, msn);
     if (type == 1) {                          /* RNR: PSN cumulative + 1 waits (SACK-6) */
         qp->rnr_nak_received++;
         event(EV_NAK, qpn, (psn + 1) & PSN_MASK, syn, 0, 0, 0, 0, msn);
@@ -1039,7 +1042,7 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
     qp->sbm_lo = lo;
     qp->sack_cum = psn;
     if (hi | lo) {
-        event_va(EV_SACK, qpn, psn, syn, hi, lo, cred, bpf_ntohl(sk.ts), sk.flags, msn);
+        event_va(EV_SACK, qpn, psn, syn, hi, lo, cred, bpf_ntohl(sk.ts), sk.flags | fb, msn);
     }
     return d || (hi | lo) ? RX_ACK : RX_DUPLICATE;
 }

@@ -92,9 +92,10 @@ class Connection:
         self.close()
 
 
-def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict) -> CMETH:
+def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict,
+             paths: int) -> CMETH:
     return CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn,
-                 caps=caps, mtu=N.MTU_CODE[mtu], max_paths=1,
+                 caps=caps, mtu=N.MTU_CODE[mtu], max_paths=paths if caps & C.Cap.MULTIPATH else 1,
                  timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                  rnr_retry=attr.get("rnr_retry", 7), max_rd_atomic=16, max_dest_rd_atomic=16,
                  min_rnr_timer=attr.get("min_rnr_timer", 12),
@@ -104,9 +105,15 @@ def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict) -> C
 def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
             recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
             mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
-            **attr) -> Connection:
+            paths: int | None = None, **attr) -> Connection:
     """Connect to a listener at ip:port. mode: what to ask for (default: what the device
-    offers); mandatory: fail instead of falling back to RoCEv2 (CM-6)."""
+    offers); mandatory: fail instead of falling back to RoCEv2 (CM-6); paths: how many paths
+    (UDP source ports) a MetaRoCE connection may spray over (MP-1; default 4, 0: one fixed
+    port, no MULTIPATH)."""
+    try:
+        paths = N.local_paths(paths)
+    except ValueError as exc:
+        raise CmError(str(exc)) from None
     try:
         family = _family(ip)
     except ValueError:
@@ -142,7 +149,8 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
     try:
         local_mtu = ctx.query_device()["max_pmtu"]
         txn = secrets.randbits(32)
-        req = _request(qp, txn, N.offer(want), local_mtu, N.gid_of(_local_ip(qp, family)), attr)
+        req = _request(qp, txn, N.offer(want, paths), local_mtu,
+                       N.gid_of(_local_ip(qp, family)), attr, paths)
         ch.send(req, private_data)
         got = ch.recv(timeout_s)
         if got is None:
@@ -166,7 +174,8 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         remote = {"qpn": rep.qpn, "psn": rep.start_psn, "ip": N.ip_of(rep.gid),
                   "mtu": N.path_mtu(local_mtu, rep.mtu), "mode": got_mode}
         qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
-                   rnr_retry=attr.get("rnr_retry", 7))
+                   rnr_retry=attr.get("rnr_retry", 7),
+                   paths=N.paths_of(rep.caps, req.max_paths, rep.max_paths))
         ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn))
         return Connection(ctx, qp, ch, got_mode, rep.caps, remote, private, txn)
     except BaseException:
@@ -205,7 +214,13 @@ class Listener:
 
     def accept(self, *, pd: PD, send_cq: CQ, recv_cq: CQ | None = None,
                cap: QPCap | None = None, private_data: bytes = b"", timeout_s: float | None = None,
-               allow_metaroce: bool = True, **attr) -> Connection:
+               allow_metaroce: bool = True, paths: int | None = None, **attr) -> Connection:
+        """One connection; paths: the most paths this end sprays over (MP-1; default 4, 0
+        refuses MULTIPATH)."""
+        try:
+            paths = N.local_paths(paths)
+        except ValueError as exc:
+            raise CmError(str(exc)) from None
         self.sock.settimeout(timeout_s)
         try:
             s, addr = self.sock.accept()
@@ -225,6 +240,8 @@ class Listener:
             device_mode = self.ctx.query_device()["mode"]
             try:
                 caps = N.accept(req, device_mode, allow_metaroce)
+                if not paths:
+                    caps &= ~C.Cap.MULTIPATH
             except N.Rejected as exc:
                 _reject(ch, req, exc.reason)
                 raise CmError(f"rejected {peer}: {exc}") from None
@@ -238,10 +255,12 @@ class Listener:
             remote = {"qpn": req.qpn, "psn": req.start_psn, "ip": N.ip_of(req.gid),
                       "mtu": N.path_mtu(local_mtu, req.mtu), "mode": mode}
             family = _family(remote["ip"])
+            my_paths = min(paths, req.max_paths) if caps & C.Cap.MULTIPATH else 1
             qp.connect(remote, timeout=attr.get("timeout", 14),
-                       retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7))
+                       retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7),
+                       paths=N.paths_of(caps, req.max_paths, my_paths))
             rep = CMETH(cm_type=C.CmType.CONNECT_REP, txn_id=req.txn_id, qpn=qp.qp_num,
-                        start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=1,
+                        start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=my_paths,
                         max_rd_atomic=16, max_dest_rd_atomic=16,
                         window_pkts=127 if caps else 0, gid=N.gid_of(_local_ip(qp, family)))
             ch.send(rep, private_data)

@@ -10,7 +10,9 @@ from ..wire import consts as C
 from ..wire.headers import CMETH
 
 METAROCE_CAPS = int(C.Cap.SACK | C.Cap.PLACEMENT)     # the mandatory pair of MetaRoCE mode
-SUPPORTED_CAPS = METAROCE_CAPS                         # what this implementation can accept
+SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH)  # what this implementation can accept
+DEFAULT_PATHS = 4          # MP-1: paths a MetaRoCE connection asks for unless told otherwise
+LOCAL_MAX_PATHS = 8        # what this data path sprays over (metaroce/nic/paths.py)
 MTU_CODE = {v: k for k, v in C.MTU_CODES.items()}
 
 
@@ -27,9 +29,27 @@ def mode_of(caps: int) -> str:
     return "metaroce" if caps & METAROCE_CAPS == METAROCE_CAPS else "roce"
 
 
-def offer(mode: str) -> int:
-    """The caps an initiator offers for the mode it wants."""
-    return METAROCE_CAPS if mode == "metaroce" else 0
+def offer(mode: str, paths: int = DEFAULT_PATHS) -> int:
+    """The caps an initiator offers for the mode it wants (MULTIPATH with MetaRoCE mode unless
+    paths is 0)."""
+    if mode != "metaroce":
+        return 0
+    return METAROCE_CAPS | (int(C.Cap.MULTIPATH) if paths else 0)
+
+
+def local_paths(paths: int | None) -> int:
+    """The max_paths this end advertises: the asked-for number within what the data path does."""
+    n = DEFAULT_PATHS if paths is None else int(paths)
+    if not 0 <= n <= LOCAL_MAX_PATHS:
+        raise ValueError(f"paths must be 0-{LOCAL_MAX_PATHS}, not {n}")
+    return n
+
+
+def paths_of(caps: int, req_max_paths: int, rep_max_paths: int) -> int:
+    """MP-1: N = min of both ends' max_paths with MULTIPATH accepted, else 0 (one fixed port)."""
+    if not caps & C.Cap.MULTIPATH:
+        return 0
+    return max(1, min(req_max_paths, rep_max_paths, LOCAL_MAX_PATHS))
 
 
 def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
@@ -41,7 +61,8 @@ def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
     supported = SUPPORTED_CAPS if device_mode == "metaroce" and policy_allows else 0
     caps = req.caps & supported & C.CAPS_DEFINED
     if caps & METAROCE_CAPS != METAROCE_CAPS:
-        caps &= ~METAROCE_CAPS                   # half of the pair is no MetaRoCE mode
+        caps &= ~(METAROCE_CAPS | C.Cap.MULTIPATH)   # half of the pair is no MetaRoCE mode (and
+                                                     # paths need the PETH's PathID)
     if mandatory and mode_of(caps) != "metaroce":
         raise Rejected(C.CmReject.UNSUPPORTED_CAPS, "MetaRoCE mode was required and is not "
                        "offered by this device")

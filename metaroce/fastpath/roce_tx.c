@@ -85,7 +85,7 @@ uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len)
 }
 
 /* Write one frame: headers, ext (extension headers, elen bytes), payload; returns its length. */
-static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint8_t opcode, uint32_t psn,
+static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint16_t sport, uint8_t opcode, uint32_t psn,
                       int ackreq, int solicited, const uint8_t *ext, uint32_t elen,
                       const uint8_t *payload, uint32_t plen)
 {
@@ -117,7 +117,7 @@ static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint8_t opcode, 
         memcpy(ip + 16, f->dst_ip, 4);
         put16(ip + 10, ~sum16(ip, 20, 0) & 0xffff);
     }
-    put16(udp, f->sport);
+    put16(udp, sport);
     put16(udp + 2, ROCE_PORT);
     put16(udp + 4, l4);
     put16(udp + 6, 0);
@@ -162,11 +162,12 @@ uint32_t mr_msg_packets(const struct mr_roce_msg *m)
 }
 
 /* PETH (EXT-5): path, flags, SSN, RSN, this packet's offset in the message, a timestamp. */
-static uint32_t put_peth(uint8_t *p, const struct mr_roce_msg *m, uint64_t off, int ack_now)
+static uint32_t put_peth(uint8_t *p, const struct mr_roce_msg *m, uint8_t path, uint64_t off,
+                         int ack_now)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    p[0] = m->path;
+    p[0] = path;
     /* a retransmission asks for an immediate SACK: its first copy's SACK may be what was lost */
     p[1] = m->retx ? PETH_RETX | PETH_ACK_NOW : ack_now ? PETH_ACK_NOW : 0;
     p[2] = p[3] = 0;
@@ -179,20 +180,28 @@ static uint32_t put_peth(uint8_t *p, const struct mr_roce_msg *m, uint64_t off, 
 
 /* Packet idx of message m in MetaRoCE form (spec 5.1): every packet carries a PETH; every WRITE
  * packet the message's RETH; READ responses carry no AETH (the PETH echoes the SSN). */
-static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+static uint32_t build_mr(uint8_t *out, struct mr_roce_flow *f, const struct mr_roce_msg *m,
                          uint32_t idx, int first, int last, int imm, uint64_t off,
                          const uint8_t *payload, uint32_t plen)
 {
     uint8_t ext[MAX_EXT], op;
     uint32_t elen;
     int edge = m->ack_at && idx + 1 == m->ack_at;   /* the window's / credit's last packet */
+    uint8_t path = m->path;
+    uint16_t sport = f->sport;
+    if (f->npaths) {                                /* MP-1/MP-3: spray per packet */
+        uint32_t psn = (carries_payload(m) ? m->psn0 + idx : m->psn0) & 0xffffff;
+        path = (uint8_t)((psn + m->retx) % (f->npaths > 8 ? 8 : f->npaths));
+        sport = f->sports[path];
+        f->path_pkts[path]++;
+    }
     int ackreq = last || edge || (idx + 1) % ACKREQ_EVERY == 0;
     switch (m->kind) {
     case MR_MSG_WRITE:
         op = first && last ? (imm ? RC_RDMA_WRITE_ONLY_IMM : RC_RDMA_WRITE_ONLY)
            : first ? RC_RDMA_WRITE_FIRST : last ? (imm ? RC_RDMA_WRITE_LAST_IMM : RC_RDMA_WRITE_LAST)
            : RC_RDMA_WRITE_MIDDLE;
-        elen = put_peth(ext, m, off, edge);
+        elen = put_peth(ext, m, path, off, edge);
         put64(ext + elen, m->va);
         put32(ext + elen + 8, m->rkey);
         put32(ext + elen + 12, (uint32_t)m->len);
@@ -201,28 +210,28 @@ static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struc
     case MR_MSG_SEND:
         op = first && last ? (imm ? RC_SEND_ONLY_IMM : RC_SEND_ONLY)
            : first ? RC_SEND_FIRST : last ? (imm ? RC_SEND_LAST_IMM : RC_SEND_LAST) : RC_SEND_MIDDLE;
-        elen = put_peth(ext, m, off, edge);
+        elen = put_peth(ext, m, path, off, edge);
         break;
     case MR_MSG_READ_RESP:
         op = first && last ? RC_RDMA_READ_RESPONSE_ONLY : first ? RC_RDMA_READ_RESPONSE_FIRST
            : last ? RC_RDMA_READ_RESPONSE_LAST : RC_RDMA_READ_RESPONSE_MIDDLE;
-        elen = put_peth(ext, m, off, 0);
-        return build(out, f, MR_OP | op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
+        elen = put_peth(ext, m, path, off, 0);
+        return build(out, f, sport, MR_OP | op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
     case MR_MSG_READ_REQ:
-        elen = put_peth(ext, m, 0, 0);
+        elen = put_peth(ext, m, path, 0, 0);
         put64(ext + elen, m->va);
         put32(ext + elen + 8, m->rkey);
         put32(ext + elen + 12, (uint32_t)m->len);
-        return build(out, f, MR_OP | RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, elen + RETH_LEN,
+        return build(out, f, sport, MR_OP | RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, elen + RETH_LEN,
                      NULL, 0);
     case MR_MSG_CMP_SWAP:
     case MR_MSG_FETCH_ADD:
-        elen = put_peth(ext, m, 0, 0);
+        elen = put_peth(ext, m, path, 0, 0);
         put64(ext + elen, m->va);
         put32(ext + elen + 8, m->rkey);
         put64(ext + elen + 12, m->swap_add);
         put64(ext + elen + 20, m->compare);
-        return build(out, f, MR_OP | (m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD),
+        return build(out, f, sport, MR_OP | (m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD),
                      m->psn0, 1, 0, ext, elen + ATOMICETH_LEN, NULL, 0);
     default:
         return 0;
@@ -231,11 +240,11 @@ static uint32_t build_mr(uint8_t *out, const struct mr_roce_flow *f, const struc
         put32(ext + elen, m->imm);
         elen += 4;
     }
-    return build(out, f, MR_OP | op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen,
+    return build(out, f, sport, MR_OP | op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen,
                  payload, plen);
 }
 
-uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+uint32_t mr_roce_build(uint8_t *out, uint32_t cap, struct mr_roce_flow *f,
                        const struct mr_roce_msg *m, const uint8_t *data, uint32_t idx)
 {
     uint32_t npkts = mr_msg_packets(m);
@@ -276,19 +285,19 @@ uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
             put32(ext, 0x1F000000u | (m->msn & 0xffffff));   /* ACK, credits invalid */
             elen = AETH_LEN;
         }
-        return build(out, f, op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
+        return build(out, f, f->sport, op, m->psn0 + idx, 0, 0, ext, elen, payload, plen);
     case MR_MSG_READ_REQ:
         put64(ext, m->va);
         put32(ext + 8, m->rkey);
         put32(ext + 12, (uint32_t)m->len);
-        return build(out, f, RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, RETH_LEN, NULL, 0);
+        return build(out, f, f->sport, RC_RDMA_READ_REQUEST, m->psn0, 1, 0, ext, RETH_LEN, NULL, 0);
     case MR_MSG_CMP_SWAP:
     case MR_MSG_FETCH_ADD:
         put64(ext, m->va);
         put32(ext + 8, m->rkey);
         put64(ext + 12, m->swap_add);
         put64(ext + 20, m->compare);
-        return build(out, f, m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD,
+        return build(out, f, f->sport, m->kind == MR_MSG_CMP_SWAP ? RC_COMPARE_SWAP : RC_FETCH_ADD,
                      m->psn0, 1, 0, ext, ATOMICETH_LEN, NULL, 0);
     default:
         return 0;
@@ -298,16 +307,16 @@ uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
         elen += 4;
     }
     int ackreq = last || (idx + 1) % ACKREQ_EVERY == 0;
-    return build(out, f, op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen, payload, plen);
+    return build(out, f, f->sport, op, m->psn0 + idx, ackreq, last && m->solicited, ext, elen, payload, plen);
 }
 
-uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+uint32_t mr_send_msg(struct mr_xsk *x, struct mr_roce_flow *f, const struct mr_roce_msg *m,
                      const uint8_t *data, uint32_t *next)
 {
     return mr_send_range(x, f, m, data, next, mr_msg_packets(m));
 }
 
-uint32_t mr_send_range(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+uint32_t mr_send_range(struct mr_xsk *x, struct mr_roce_flow *f, const struct mr_roce_msg *m,
                        const uint8_t *data, uint32_t *next, uint32_t end)
 {
     uint32_t room = mr_xsk_tx_room(x), queued = 0, npkts = mr_msg_packets(m);
@@ -340,7 +349,7 @@ static void write_msg(struct mr_roce_msg *m, uint64_t len, uint32_t pmtu, uint32
     m->rkey = rkey;
 }
 
-uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, struct mr_roce_flow *f,
                              const uint8_t *data, uint64_t len, uint32_t pmtu, uint32_t psn0,
                              uint64_t va, uint32_t rkey, uint64_t idx)
 {
@@ -349,7 +358,7 @@ uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, const struct mr_roce_fl
     return idx > 0xffffffffu ? 0 : mr_roce_build(out, cap, f, &m, data, (uint32_t)idx);
 }
 
-uint32_t mr_send_write(struct mr_xsk *x, const struct mr_roce_flow *f, const uint8_t *data,
+uint32_t mr_send_write(struct mr_xsk *x, struct mr_roce_flow *f, const uint8_t *data,
                        uint64_t len, uint32_t pmtu, uint32_t psn0, uint64_t va, uint32_t rkey,
                        uint64_t *offset)
 {

@@ -21,9 +21,18 @@ struct mr_roce_flow {
     uint8_t pad;
     uint8_t src_ip[16];    /* IPv4 uses the first 4 bytes */
     uint8_t dst_ip[16];
-    uint16_t sport;        /* UDP source port: the flow's entropy */
+    uint16_t sport;        /* UDP source port: the flow's entropy (one path) */
     uint16_t pkey;
     uint32_t dqpn;
+    /* MetaRoCE multipath (spec 5.4): with npaths >= 1 a packet with PSN p, sent for the r-th
+     * time (r = msg.retx), goes on path (p + r) % npaths (MP-3: per packet, a retransmission
+     * on another path), with that path's source port and its PathID in the PETH (MP-1).
+     * npaths 0: every packet on sport, PathID msg.path. Up to 8 paths (cffi: literal sizes). */
+    uint8_t npaths;
+    uint8_t pad2[3];
+    uint16_t sports[8];        /* source port of each PathID; the control plane repaths one
+                                * by changing its port (MP-5) */
+    uint32_t path_pkts[8];     /* packets built per path (MP-4) */
 };
 
 /* struct mr_roce_msg.kind */
@@ -64,23 +73,23 @@ uint32_t mr_msg_packets(const struct mr_roce_msg *m);
 
 /* Build packet idx of message m (payload at data) into out (cap bytes); returns its length, 0
  * if it does not fit or idx is past the end. */
-uint32_t mr_roce_build(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+uint32_t mr_roce_build(uint8_t *out, uint32_t cap, struct mr_roce_flow *f,
                        const struct mr_roce_msg *m, const uint8_t *data, uint32_t idx);
 
 /* Queue packets *next .. of message m (as many as the rings take); *next advances. Returns the
  * number queued by this call (0 when the rings are full: reap completions and call again). */
-uint32_t mr_send_msg(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+uint32_t mr_send_msg(struct mr_xsk *x, struct mr_roce_flow *f, const struct mr_roce_msg *m,
                      const uint8_t *data, uint32_t *next);
 
 /* Queue packets *next .. end - 1 only (a selective retransmission); as mr_send_msg. */
-uint32_t mr_send_range(struct mr_xsk *x, const struct mr_roce_flow *f, const struct mr_roce_msg *m,
+uint32_t mr_send_range(struct mr_xsk *x, struct mr_roce_flow *f, const struct mr_roce_msg *m,
                        const uint8_t *data, uint32_t *next, uint32_t end);
 
 /* The WRITE-only forms of the two above (kept for their callers). */
-uint32_t mr_send_write(struct mr_xsk *x, const struct mr_roce_flow *f, const uint8_t *data,
+uint32_t mr_send_write(struct mr_xsk *x, struct mr_roce_flow *f, const uint8_t *data,
                        uint64_t len, uint32_t pmtu, uint32_t psn0, uint64_t va, uint32_t rkey,
                        uint64_t *offset);
-uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, const struct mr_roce_flow *f,
+uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, struct mr_roce_flow *f,
                              const uint8_t *data, uint64_t len, uint32_t pmtu, uint32_t psn0,
                              uint64_t va, uint32_t rkey, uint64_t idx);
 

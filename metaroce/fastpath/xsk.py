@@ -52,8 +52,10 @@ class XskSocket:
         return self._c.mr_xsk_send(self._x, data, lens, len(frames))
 
     def flow(self, *, dmac: str, smac: str, src_ip: str, dst_ip: str, dqpn: int, sport: int,
-             tos: int = 26 << 2 | 2, ttl: int = 64, pkey: int = 0xFFFF):
-        """Header template of one QP's packets (DSCP 26 / ECT(0) by default)."""
+             tos: int = 26 << 2 | 2, ttl: int = 64, pkey: int = 0xFFFF,
+             sports: list[int] | None = None):
+        """Header template of one QP's packets (DSCP 26 / ECT(0) by default). sports: one
+        source port per path (MetaRoCE multipath, at most 8): packets are sprayed over them."""
         import ipaddress  # noqa: PLC0415
         f = self._ffi.new("struct mr_roce_flow *")
         f.dmac = bytes.fromhex(dmac.replace(":", ""))
@@ -63,6 +65,12 @@ class XskSocket:
         f.src_ip = src.packed.ljust(16, b"\0")
         f.dst_ip = dst.packed.ljust(16, b"\0")
         f.tos, f.ttl, f.sport, f.pkey, f.dqpn = tos, ttl, sport, pkey, dqpn
+        if sports:
+            if len(sports) > len(f.sports):
+                raise MetaroceError(f"at most {len(f.sports)} paths per flow")
+            f.npaths = len(sports)
+            for i, port in enumerate(sports):
+                f.sports[i] = port
         return f
 
     def send_write(self, flow, data, *, pmtu: int, psn0: int, va: int, rkey: int) -> int:

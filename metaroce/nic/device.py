@@ -19,7 +19,9 @@ from ..engine.wr import WcStatus
 from ..errors import MetaroceError
 from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
+from ..wire.consts import SACK_F_ECE
 from .credit import CreditConfig, CreditGranter
+from .paths import MAX_DP_PATHS, PathSet
 from .rx import (CREDIT_VALID, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
                  EV_EPSN, EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
                  EV_RECV_ERR, EV_SACK, QP_COUNTERS, QP_RX_ERROR, RD_ATOMIC, RD_DEPTH, RD_READ,
@@ -51,7 +53,7 @@ DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 6553
                  "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
                  "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
                  "max_msg_sz": MAX_MSG, "max_srq": 0, "atomic_cap": "ATOMIC_HCA",
-                 "max_recv_wr": RQ_DEPTH}
+                 "max_recv_wr": RQ_DEPTH, "max_paths": 8}
 
 
 def _after(a: int, b: int) -> bool:
@@ -146,8 +148,10 @@ class Qp:
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
                       "selective_retransmits": 0, "rto_expired": 0, "partial_rereads": 0,
-                      "cnp_received": 0, "credit_grants": 0, "credit_blocked": 0}
+                      "cnp_received": 0, "credit_grants": 0, "credit_blocked": 0,
+                      "path_evictions": 0}
         self.credit_limit = None                # CC-8: no new PSN at or past it (None: unlimited)
+        self.paths: PathSet | None = None       # MetaRoCE multipath (spec 5.4), when negotiated
 
     @property
     def in_flight_pkts(self) -> int:
@@ -274,8 +278,13 @@ class Device:
         qp.timeout = timeout_s(int(attr.get("timeout", 14)))
         import ipaddress  # noqa: PLC0415
         peer = ipaddress.ip_address(rip).packed
+        npaths = int(attr.get("paths") or 0) if qp.metaroce else 0   # MP-1: negotiated N
+        if npaths and not 1 <= npaths <= MAX_DP_PATHS:
+            raise MetaroceError(f"paths must be 1-{MAX_DP_PATHS}, not {npaths}")
+        qp.paths = PathSet(npaths) if npaths else None
         qp.flow = self.xsk.flow(dmac=path.dmac, smac=path.smac, src_ip=path.src_ip, dst_ip=rip,
-                                dqpn=rqpn, sport=0xC000 | (qp.qpn & 0x3FFF))
+                                dqpn=rqpn, sport=0xC000 | (qp.qpn & 0x3FFF),
+                                sports=qp.paths.sports if qp.paths else None)
         qp.remote = {"qpn": rqpn, "psn": rpsn, "ip": rip, "mac": path.dmac, "mtu": pmtu}
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
                        rnr_timer=int(attr.get("min_rnr_timer", 12)), metaroce=qp.metaroce)
@@ -569,6 +578,8 @@ class Device:
                 if lo < PSN_HALF and not w.done and w.first_psn not in qp.retx_sent:
                     qp.retx.append(w.first_psn)
                     qp.retx_sent.add(w.first_psn)
+                    if qp.paths is not None:
+                        self._path_loss(qp, w.first_psn, 0)
                 continue
             for k in range(w.npkts):
                 off = (lo + k) & PSN_MASK                # distance from una
@@ -580,6 +591,8 @@ class Device:
                 if p not in qp.sacked and p not in qp.retx_sent:
                     qp.retx.append(p)
                     qp.retx_sent.add(p)
+                    if qp.paths is not None:
+                        self._path_loss(qp, p, 0)
 
     def _rto_selective(self, qp: Qp) -> None:
         """RTO in MetaRoCE mode: resend every sent, unacknowledged PSN not SACKed (SACK-4)."""
@@ -714,6 +727,8 @@ class Device:
                 if e.flags & 1 and qp.metaroce:
                     self._rtt_sample(qp, e.imm)
                     self._credit(qp, e.len)
+                    if qp.paths is not None:
+                        self._path_feedback(qp, e.flags)
                 if _after(_add(e.psn, 1), qp.una):       # progress: full retry budget again
                     qp.una = _add(e.psn, 1)
                     qp.retries_left = qp.retry_cnt
@@ -748,6 +763,8 @@ class Device:
             elif t == EV_SACK:
                 self._rtt_sample(qp, e.imm)
                 self._credit(qp, e.len)
+                if qp.paths is not None:
+                    self._path_feedback(qp, e.flags)
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
@@ -759,6 +776,34 @@ class Device:
             elif t == EV_CNP:
                 qp.stats["cnp_received"] += 1
         return n
+
+    # ---- multipath (MP-3 .. MP-5) ------------------------------------------------------------
+
+    @staticmethod
+    def _repath(qp: Qp, k: int) -> None:
+        """Give the fast path path k's (new) source port."""
+        qp.flow.sports[k] = qp.paths.paths[k].sport
+        qp.stats["path_evictions"] += 1
+
+    def _path_feedback(self, qp: Qp, flags: int) -> None:
+        """An ACK/SACK event: flags carry the echoed PathID (bits 8-15) and the SACK's flags
+        (bits 16-23, ECE = 0x80) (MP-2, MP-5's ECN rule)."""
+        k = flags >> 8 & 0xFF
+        if qp.paths.on_feedback(k, bool(flags >> 16 & SACK_F_ECE), time.monotonic()):
+            self._repath(qp, k)
+
+    def _path_loss(self, qp: Qp, psn: int, retx: int) -> None:
+        """PSN psn's retx-th transmission was lost: count it against its path (MP-4, MP-5)."""
+        k = qp.paths.path_of(psn, retx)
+        if qp.paths.on_loss(k, time.monotonic(), qp.srtt):
+            self._repath(qp, k)
+
+    def _path_rto(self, qp: Qp) -> None:
+        """MP-5: the path of the oldest unacknowledged packet's last transmission caused the
+        RTO."""
+        k = qp.paths.path_of(qp.una, 1 if qp.una in qp.retx_sent else 0)
+        qp.paths.on_rto(k, time.monotonic())
+        self._repath(qp, k)
 
     @staticmethod
     def _credit(qp: Qp, cred: int) -> None:
@@ -932,6 +977,8 @@ class Device:
                 return
         if qp.metaroce:
             qp.backoff = min(qp.backoff * 2, 1 << 16)
+            if qp.paths is not None:
+                self._path_rto(qp)
         if self._stalled_read(qp, st):
             pass
         elif qp.metaroce:
@@ -1045,6 +1092,10 @@ class Device:
         kc = int(st.get("credit", 0))                        # what the kernel took from the SACK
         out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None
         out["credit_share_pkts"] = self.credits.share_of(qp.qpn) if self.credits else 0
+        out["paths"] = len(qp.paths) if qp.paths else 1
+        if qp.paths is not None:                             # MP-4: per-path statistics
+            out["path_stats"] = [{**p, "sent_packets": int(qp.flow.path_pkts[p["path"]])}
+                                 for p in qp.paths.stats()]
         return out
 
     def close(self) -> None:

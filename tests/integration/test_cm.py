@@ -86,7 +86,8 @@ def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     view, a, b = sides
     ca, out = connect_pair(view, a, b, 18600 + v6, v6=v6)
     cb = out["conn"]
-    assert ca.mode == cb.mode == "metaroce" and ca.caps == cb.caps == 3
+    assert ca.mode == cb.mode == "metaroce" and ca.caps == cb.caps == 3 | 4   # + MULTIPATH
+    assert ca.qp.query()["paths"] == cb.qp.query()["paths"] == 4            # MP-1 default
     assert ca.private_data[:4] == b"srv:" and cb.private_data == b"hello"
     assert ca.remote["qpn"] == cb.qp.qp_num and cb.remote["qpn"] == ca.qp.qp_num
     assert ca.qp.query()["mode"] == cb.qp.query()["mode"] == "metaroce"

@@ -55,4 +55,20 @@ def test_gids_and_mtu():
     assert N.ip_of(N.gid_of("10.0.0.1")) == "10.0.0.1"
     assert N.ip_of(N.gid_of("fd00::2")) == "fd00::2"
     assert N.path_mtu(4096, 3) == 1024 and N.path_mtu(1024, 5) == 1024      # CM-1
-    assert N.offer("metaroce") == 3 and N.offer("roce") == 0
+    assert N.offer("metaroce", 0) == 3 and N.offer("roce") == 0
+    assert N.offer("metaroce") == 3 | Cap.MULTIPATH                       # MP-1 by default
+
+
+def test_paths_negotiation():
+    """MP-1: N = min of both ends' max_paths, only with MULTIPATH accepted and MetaRoCE mode."""
+    got = N.accept(req(caps=3 | Cap.MULTIPATH, max_paths=6), "metaroce")
+    assert got & Cap.MULTIPATH
+    assert N.paths_of(got, 6, 4) == 4 and N.paths_of(got, 2, 8) == 2
+    assert N.paths_of(got & ~Cap.MULTIPATH, 6, 4) == 0
+    assert N.paths_of(got, 64, 64) == N.LOCAL_MAX_PATHS      # what the data path can spray
+    # MULTIPATH without the MetaRoCE pair is cleared: paths ride on the PETH's PathID
+    assert N.accept(req(caps=Cap.SACK | Cap.MULTIPATH, max_paths=4), "metaroce") == 0
+    assert N.accept(req(caps=3 | Cap.MULTIPATH, max_paths=4), "roce") == 0
+    assert N.local_paths(None) == N.DEFAULT_PATHS and N.local_paths(0) == 0
+    with pytest.raises(ValueError):
+        N.local_paths(9)
