@@ -38,6 +38,7 @@ bench: setup
 	$(PY) tools/bench/qp_scale.py --quick
 	$(PY) tools/bench/daemon_rtt.py
 	$(PY) tools/bench/incast.py --quick
+	$(PY) tools/bench/multipath.py --quick
 	$(PY) tools/bench/sim_scale.py --quick --jobs 2
 	$(PY) tools/bench/allreduce.py --hosts 3 --quick
 	$(PY) tools/bench/report.py

@@ -43,6 +43,7 @@ SEND_SIGNALED, SEND_INLINE, SEND_SOLICITED = 2, 8, 4       # IBV_SEND_* values
 MAX_INLINE = 256
 WINDOW_PKTS = 1024       # request packets in flight per QP (go-back-N window)
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
+REORDER_THRESHOLD = 16   # SACK-5 (b): PSNs below the highest SACKed before any path's hole counts
 MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
 # RTO-1: the spec's default RTO_min is 50 us; this software NIC's event loop (Python, woken
 # across vCPUs) has millisecond jitter, so its floor is 1 ms: a lower one retransmits spuriously
@@ -152,6 +153,9 @@ class Qp:
                       "path_evictions": 0}
         self.credit_limit = None                # CC-8: no new PSN at or past it (None: unlimited)
         self.paths: PathSet | None = None       # MetaRoCE multipath (spec 5.4), when negotiated
+        self.last_rtt = None                    # the latest RTT sample (SACK-5 (b))
+        self.send_log: deque = deque()          # (first PSN after a send batch, when): SACK-5's
+                                                # recency check, one entry per batch
 
     @property
     def in_flight_pkts(self) -> int:
@@ -530,15 +534,17 @@ class Device:
         return min(base * qp.backoff, qp.timeout)
 
     @staticmethod
-    def _rtt_sample(qp: Qp, ts_echo: int) -> None:
+    def _rtt_sample(qp: Qp, ts_echo: int) -> float | None:
         r = ((time.monotonic_ns() & 0xFFFFFFFF) - ts_echo & 0xFFFFFFFF) / 1e9
         if r <= 0 or r > 1.0:
-            return                                  # not one of ours, or wrapped: no sample
+            return None                             # not one of ours, or wrapped: no sample
+        qp.last_rtt = r
         if qp.srtt is None:
             qp.srtt, qp.rttvar = r, r / 2
         else:
             qp.rttvar = 0.75 * qp.rttvar + 0.25 * abs(qp.srtt - r)
             qp.srtt = 0.875 * qp.srtt + 0.125 * r
+        return r
 
     # ---- MetaRoCE selective repeat (SACK-4, SACK-5) ----------------------------------------
 
@@ -553,16 +559,33 @@ class Device:
         i, pkt = qp.cursor
         return _add(qp.sq[i].first_psn, pkt) if i < len(qp.sq) else qp.next_psn
 
+    def _sent_at(self, qp: Qp, psn: int) -> float | None:
+        """When the batch that first sent psn went out (None: before the log)."""
+        for end, t in qp.send_log:
+            if _after(end, psn):
+                return t
+        return None
+
     def _on_sack(self, qp: Qp, cum: int, bitmap: int) -> None:
-        """Record what the SACK reports received; retransmit each hole below the highest SACKed
-        PSN once (a lost retransmission is left to the RTO)."""
+        """Record what the SACK reports received; retransmit each hole declared lost once (a
+        lost retransmission is left to the RTO). SACK-5: with one path, every hole below the
+        highest SACKed PSN is lost; with N paths (packets stay in order on a path, not across
+        paths), a hole is lost when (a) a later first transmission on its own path was SACKed,
+        or (b) it lies REORDER_THRESHOLD PSNs below the highest SACKed and was sent longer ago
+        than SRTT + 2 RTTVAR; spraying over paths of different delays is not a loss."""
         qp.stats["sacks_handled"] += 1
         highest = None
+        n = len(qp.paths) if qp.paths is not None else 1
+        hi_path = [-1] * n                    # per path: furthest SACKed first transmission
         for i in range(128):
             if bitmap >> (127 - i) & 1:
                 p = _add(cum, 2 + i)
                 qp.sacked.add(p)
                 highest = p
+                if n > 1 and p not in qp.retx_sent:
+                    off = (p - qp.una) & PSN_MASK
+                    if off < PSN_HALF and off > hi_path[p % n]:
+                        hi_path[p % n] = off
         if highest is None or not _after(highest, qp.una):
             return                            # a stale SACK: nothing below it is still open
         end = self._sent_upto(qp)
@@ -570,12 +593,29 @@ class Device:
             highest = end                     # never past what was sent
         # one walk over the send queue (in PSN order), not a queue search per PSN
         span = (highest - qp.una) & PSN_MASK            # PSNs una .. highest - 1
+        if n > 1:
+            now = time.monotonic()
+            base = max((qp.srtt + 2 * qp.rttvar) if qp.srtt is not None else RTO_MIN_S,
+                       1.25 * (qp.last_rtt or 0.0))
+            settle = [max(base, 1.5 * (ps.srtt or 0.0)) for ps in qp.paths.paths]
+
+            def lost(p: int, off: int) -> bool:
+                if off < hi_path[p % n]:
+                    return True                                       # (a)
+                if off + REORDER_THRESHOLD > span:
+                    return False
+                t = self._sent_at(qp, p)
+                return t is None or now - t >= settle[p % n]          # (b)
+        else:
+            def lost(p: int, off: int) -> bool:
+                return True
         for w in qp.sq:
             lo = (w.first_psn - qp.una) & PSN_MASK
             if lo >= span and lo < PSN_HALF:
                 break                                    # at or past the highest SACKed PSN
             if w.kind not in (MSG_WRITE, MSG_SEND):      # READ / atomic: the request again
-                if lo < PSN_HALF and not w.done and w.first_psn not in qp.retx_sent:
+                if lo < PSN_HALF and not w.done and w.first_psn not in qp.retx_sent and \
+                        lost(w.first_psn, lo):
                     qp.retx.append(w.first_psn)
                     qp.retx_sent.add(w.first_psn)
                     if qp.paths is not None:
@@ -588,7 +628,7 @@ class Device:
                 if off >= span:
                     break
                 p = _add(w.first_psn, k)
-                if p not in qp.sacked and p not in qp.retx_sent:
+                if p not in qp.sacked and p not in qp.retx_sent and lost(p, off):
                     qp.retx.append(p)
                     qp.retx_sent.add(p)
                     if qp.paths is not None:
@@ -640,6 +680,8 @@ class Device:
         return sent_total
 
     def _prune_sacked(self, qp: Qp) -> None:
+        while qp.send_log and not _after(qp.send_log[0][0], qp.una):
+            qp.send_log.popleft()
         if qp.sacked:
             qp.sacked = {p for p in qp.sacked if _after(p, qp.una)}
         if qp.retx_sent:
@@ -725,10 +767,10 @@ class Device:
             t = e.type
             if t == EV_ACK:
                 if e.flags & 1 and qp.metaroce:
-                    self._rtt_sample(qp, e.imm)
+                    r = self._rtt_sample(qp, e.imm)
                     self._credit(qp, e.len)
                     if qp.paths is not None:
-                        self._path_feedback(qp, e.flags)
+                        self._path_feedback(qp, e.flags, r)
                 if _after(_add(e.psn, 1), qp.una):       # progress: full retry budget again
                     qp.una = _add(e.psn, 1)
                     qp.retries_left = qp.retry_cnt
@@ -761,10 +803,10 @@ class Device:
                 qp.rx_epsn = e.psn
                 self._release_recvs(qp)
             elif t == EV_SACK:
-                self._rtt_sample(qp, e.imm)
+                r = self._rtt_sample(qp, e.imm)
                 self._credit(qp, e.len)
                 if qp.paths is not None:
-                    self._path_feedback(qp, e.flags)
+                    self._path_feedback(qp, e.flags, r)
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
@@ -785,10 +827,12 @@ class Device:
         qp.flow.sports[k] = qp.paths.paths[k].sport
         qp.stats["path_evictions"] += 1
 
-    def _path_feedback(self, qp: Qp, flags: int) -> None:
+    def _path_feedback(self, qp: Qp, flags: int, rtt: float | None) -> None:
         """An ACK/SACK event: flags carry the echoed PathID (bits 8-15) and the SACK's flags
-        (bits 16-23, ECE = 0x80) (MP-2, MP-5's ECN rule)."""
+        (bits 16-23, ECE = 0x80) (MP-2, MP-5's ECN rule); its RTT sample is the path's too."""
         k = flags >> 8 & 0xFF
+        if rtt is not None:
+            qp.paths.on_rtt(k, rtt)
         if qp.paths.on_feedback(k, bool(flags >> 16 & SACK_F_ECE), time.monotonic()):
             self._repath(qp, k)
 
@@ -1035,6 +1079,8 @@ class Device:
                 w.msg.ack_at = upto                     # the edge's packet asks for a SACK now
             sent = self.c.mr_send_range(self.xsk._x, qp.flow, w.msg, w.data, nxt, upto)
             w.msg.ack_at = 0
+            if sent and qp.paths is not None:
+                qp.send_log.append((_add(w.first_psn, nxt[0]), now))
             qp.stats["sent_packets"] += sent
             queued += sent
             pkt = nxt[0]

@@ -34,6 +34,7 @@ class Path:
     sacks: int = 0
     ecn_frac: float = 0.0
     evictions: int = 0
+    srtt: float | None = None                 # smoothed RTT of the path's SACKs (SACK-5 (b))
     recent_losses: deque = field(default_factory=deque)
 
 
@@ -82,7 +83,7 @@ class PathSet:
         old.sport = self._fresh_port(now)
         old.evictions += 1
         old.recent_losses.clear()
-        old.ecn_frac, old.sacks = 0.0, 0
+        old.ecn_frac, old.sacks, old.srtt = 0.0, 0, None
         return old.sport
 
     def on_loss(self, k: int, now: float, srtt: float | None) -> bool:
@@ -103,6 +104,12 @@ class PathSet:
         self.paths[k].rtos += 1
         self.evict(k, now)
 
+    def on_rtt(self, k: int, rtt: float) -> None:
+        """An RTT sample from a SACK that echoed path k (RFC 6298's gain)."""
+        if 0 <= k < len(self.paths):
+            p = self.paths[k]
+            p.srtt = rtt if p.srtt is None else p.srtt + (rtt - p.srtt) / 8
+
     def on_feedback(self, k: int, ecn: bool, now: float) -> bool:
         """An ACK/SACK that echoed path k, CE-marked or not; True if the ECN rule evicted it
         (its fraction above 50 % while every other path's is below 25 %)."""
@@ -121,4 +128,5 @@ class PathSet:
     def stats(self) -> list[dict]:
         return [{"path": i, "sport": p.sport, "lost": p.lost, "rtos": p.rtos,
                  "ecn_echoes": p.ecn_echoes, "ecn_frac": round(p.ecn_frac, 3),
+                 "srtt_us": round(p.srtt * 1e6, 1) if p.srtt is not None else None,
                  "evictions": p.evictions} for i, p in enumerate(self.paths)]
