@@ -11,13 +11,19 @@
 
 BPF_F_TABLE("array", u32, struct mr_chunk, mr_tmpl, 1, BPF_F_MMAPABLE_ | BPF_F_INNER_MAP_);
 BPF_HASH_OF_MAPS(mrs, u32, "mr_tmpl", MAX_MRS);     /* key -> the MR's memory */
-BPF_HASH(mr_infos, u32, struct mr_info, MAX_MRS);  /* key -> bounds, access, PD */
-BPF_HASH(qps, u32, struct nic_qp, MAX_QPS);         /* local QPN -> QP state */
-BPF_HASH(credit, u32, u32, MAX_QPS);               /* local QPN -> credit share in packets (CC-8) */
-BPF_HASH(sq_psn, u32, u32, MAX_QPS);                /* local QPN -> next PSN the requester sends */
-BPF_HASH(rq, u64, struct recv_wqe, MAX_QPS * 64);   /* (QPN, slot) -> posted receive */
-BPF_HASH(rd_slots, u64, struct rd_slot, MAX_QPS * 4);   /* (QPN, slot) -> outstanding READ/ATOMIC */
-BPF_HASH(atomic_results, u64, struct atomic_saved, MAX_QPS * 4);  /* (QPN, PSN slot) -> result */
+/* Per-MR and per-QP state is allocated when an entry is created (BPF_F_NO_PREALLOC), not for
+ * the whole capacity at load: a QP costs its entries (its state, its next PSN, and one entry per
+ * posted receive / outstanding READ or atomic while they exist), about 450 bytes for an idle or
+ * WRITE-only QP, instead of ~8 KB of preallocated slots per QP of capacity. The XDP program only
+ * looks entries up, deletes a consumed receive and saves atomic results (bpf_mem_alloc). */
+#define BPF_F_NO_PREALLOC_ (1U << 0)
+BPF_F_TABLE("hash", u32, struct mr_info, mr_infos, MAX_MRS, BPF_F_NO_PREALLOC_);  /* key -> bounds, access, PD */
+BPF_F_TABLE("hash", u32, struct nic_qp, qps, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> QP state */
+BPF_F_TABLE("hash", u32, u32, credit, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> credit share in packets (CC-8) */
+BPF_F_TABLE("hash", u32, u32, sq_psn, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> next PSN the requester sends */
+BPF_F_TABLE("hash", u64, struct recv_wqe, rq, MAX_QPS * 64, BPF_F_NO_PREALLOC_);  /* (QPN, slot) -> posted receive */
+BPF_F_TABLE("hash", u64, struct rd_slot, rd_slots, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, slot) -> outstanding READ/ATOMIC */
+BPF_F_TABLE("hash", u64, struct atomic_saved, atomic_results, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, PSN slot) -> result */
 BPF_RINGBUF_OUTPUT(events, 256);                    /* completions and requests for user space */
 BPF_PERCPU_ARRAY(rx_counters, u64, RX_NREASONS);
 BPF_PERCPU_ARRAY(tx_counters, u64, TX_NCOUNTERS);

@@ -27,7 +27,9 @@ MSG = 16 * 1024
 DEPTH = 2
 
 
-def map_memlock(pid: int) -> int:
+def map_memlock(pid: int, map_type: int | None = None) -> int:
+    """Bytes the kernel charges for the process's maps (fdinfo memlock); map_type 1 (hash)
+    selects the per-QP / per-MR state tables, leaving out the MR memory (arrays)."""
     total = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -35,13 +37,14 @@ def map_memlock(pid: int) -> int:
                 info = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        if "map_id" in info and "memlock" in info:
+        if "map_id" in info and "memlock" in info and \
+                (map_type is None or int(info["map_type"]) == map_type):
             total += int(info["memlock"])
     return total
 
 
 def one(c1, c2, ip1, ip2, pids, n, seconds):
-    base = {p: (rss_kib(p), map_memlock(p)) for p in pids}
+    base = {p: (rss_kib(p), map_memlock(p), map_memlock(p, 1)) for p in pids}
     pd1, pd2 = PD(c1), PD(c2)
     mr1 = MR(pd1, MSG * DEPTH, IBV_ACCESS_LOCAL_WRITE)
     mr2 = MR(pd2, MSG * DEPTH * n, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
@@ -52,7 +55,8 @@ def one(c1, c2, ip1, ip2, pids, n, seconds):
     for a, b in zip(qa, qb):
         a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": ip2, "mode": "metaroce"})
         b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": ip1, "mode": "metaroce"})
-    grown = {p: (rss_kib(p) - base[p][0], map_memlock(p) - base[p][1]) for p in pids}
+    grown = {p: (rss_kib(p) - base[p][0], map_memlock(p) - base[p][1],
+                 map_memlock(p, 1) - base[p][2]) for p in pids}
     done = [0] * n
     index = {q.qp_num: i for i, q in enumerate(qa)}
 
@@ -84,7 +88,9 @@ def one(c1, c2, ip1, ip2, pids, n, seconds):
     return {"qps": n, "goodput_bps": sum(done) * MSG * 8 / elapsed,
             "jain_fairness": jain(done), "min_qp_msgs": min(done), "max_qp_msgs": max(done),
             "rss_kib_per_qp": {str(p): grown[p][0] / n for p in pids},
-            "map_bytes_per_qp": {str(p): grown[p][1] / n for p in pids}}
+            "map_bytes_per_qp": {str(p): grown[p][1] / n for p in pids},
+            "state_map_bytes_per_qp": {str(p): grown[p][2] / n for p in pids},
+            "state_tables_bytes": {str(p): base[p][2] for p in pids}}
 
 
 def main() -> int:
@@ -115,7 +121,12 @@ def main() -> int:
                          "responder_rss_kib_per_qp": statistics.median(
                              x["rss_kib_per_qp"][str(pids[1])] for x in rs),
                          "kernel_map_bytes_per_qp": statistics.median(
-                             x["map_bytes_per_qp"][str(pids[1])] for x in rs)})
+                             x["map_bytes_per_qp"][str(pids[1])] for x in rs),
+                         "kernel_state_bytes_per_qp": {
+                             side: statistics.median(x["state_map_bytes_per_qp"][str(p)]
+                                                     for x in rs)
+                             for side, p in (("requester", pids[0]), ("responder", pids[1]))},
+                         "state_tables_fixed_bytes": rs[0]["state_tables_bytes"][str(pids[1])]})
         c1.close()
         c2.close()
     doc = {**header("qp_scale"), "runs": runs, "seconds": secs, "msg_bytes": MSG,
