@@ -76,6 +76,13 @@ QP_GAUGES = {
     "cwnd_pkts": ("qp_cwnd_packets", "congestion window", 1),
     "credits": ("qp_credits_packets", "receiver credits granted for incast", 1),
 }
+PATH_COUNTER_HELP = {
+    "sent_packets": "packets sent on the path",
+    "lost": "packets declared lost on the path",
+    "rtos": "retransmission timeouts the path caused",
+    "ecn_echoes": "SACKs echoing a CE mark on the path",
+    "evictions": "times the path moved to a new source port",
+}
 XSK_HELP = {
     "tx_queued": "frames queued on the AF_XDP transmit ring",
     "tx_completed": "frames the kernel completed sending",
@@ -193,6 +200,10 @@ def add_device(reg: Registry, dev: str, netns: str | None, status: dict | None,
         for key, (metric, help_, scale) in QP_GAUGES.items():
             if raw.get(key) is not None:
                 reg.add(metric, "gauge", help_, ql, float(raw[key]) * scale)
+        for p in raw.get("path_stats") or []:            # multipath QPs (MP-4)
+            pl = {**ql, "path": str(p["path"]), "sport": str(p["sport"])}
+            for key, help_ in PATH_COUNTER_HELP.items():
+                reg.add(f"qp_path_{key}", "counter", help_, pl, int(p.get(key, 0)))
 
 
 def discover(run_dir: str | None = None) -> list[tuple[str, str | None]]:

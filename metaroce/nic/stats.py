@@ -37,7 +37,9 @@ QP_FIELDS = ("rx_packets", "rx_bytes", "sent_packets", "sent_bytes", "out_of_seq
              "duplicate_request", "packet_seq_err", "rnr_nak_received", "local_ack_timeout_err",
              "retransmitted_packets", "read_response_packets", "np_cnp_sent", "rp_cnp_handled",
              "cnp_received", "np_ecn_marked_roce_packets", "acks_received", "sq_outstanding",
-             "window_pkts")
+             "window_pkts", "path_evictions")
+# per path of a multipath MetaRoCE QP (MP-4)
+PATH_FIELDS = ("sport", "sent_packets", "lost", "rtos", "ecn_echoes", "evictions")
 
 
 def device_stats(status: dict) -> dict:
@@ -61,6 +63,9 @@ def device_stats(status: dict) -> dict:
                "rqpn": (q.get("remote") or {}).get("qpn"),
                "peer": (q.get("remote") or {}).get("ip")}
         doc.update({k: int(q.get(k, 0)) for k in QP_FIELDS})
+        if q.get("path_stats"):
+            doc["paths"] = [{"path": int(p["path"]), **{k: int(p.get(k, 0)) for k in PATH_FIELDS}}
+                            for p in q["path_stats"]]
         out_qps.append(doc)
     return {"hw_counters": hw, "drops": drops, "drops_total": sum(drops.values()),
             "replies": replies, "qps": out_qps}
@@ -77,4 +82,7 @@ def format_stats(dev: str, st: dict, show_zero: bool = True) -> list[str]:
                 f"rqpn {q['rqpn']} peer {q['peer']}")
         body = {k: q[k] for k in QP_FIELDS}
         lines.append(f"{head} {pairs(body)}".rstrip())
+        for p in q.get("paths", []):
+            lines.append(f"link {dev}/1 lqpn {q['qpn']} path {p['path']} "
+                         f"{pairs({k: p[k] for k in PATH_FIELDS})}".rstrip())
     return lines

@@ -12,7 +12,9 @@ from verbs_util import End, connect, daemons, ip_of
 
 from metaroce.cm import connect as cm_connect
 from metaroce.cm import Listener
+from metaroce.deploy.exporter import Registry, add_device
 from metaroce.lab.impair import Impairment
+from metaroce.nic.stats import device_stats, format_stats
 from metaroce.verbs import CQ, IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, PD, Context, SendWR
 
 MiB = 1 << 20
@@ -71,6 +73,17 @@ def test_mp1_mp3_mp4_packets_sprayed_over_distinct_ports(fabric):
     sent = [p["sent_packets"] for p in ps]
     assert sum(sent) >= st["sent_packets"] and min(sent) >= 0.2 * sum(sent), sent
     assert st["path_evictions"] == 0 or st["retransmitted_packets"] > 0, st
+    # MP-4: exported by `metaroce stats` (a line per path) and the Prometheus exporter
+    status = c1.status()
+    ds = device_stats(status)
+    q = next(q for q in ds["qps"] if q["qpn"] == a.qp.qp_num)
+    assert [p["sport"] for p in q["paths"]] == [p["sport"] for p in ps]
+    lines = format_stats("eth0", ds)
+    assert sum(f"lqpn {a.qp.qp_num} path " in line for line in lines) == 4
+    reg = Registry()
+    add_device(reg, "eth0", None, status, 0.0)
+    text = reg.render()
+    assert text.count(f'metaroce_qp_path_sent_packets_total{{dev="eth0",netns="",qpn="{a.qp.qp_num}"') == 4
     _close(a, b)
 
 
