@@ -184,6 +184,8 @@ def record(bpf, funcs: dict[str, str], inner: dict[str, str]) -> tuple[dict, dic
             maps[name]["inner"] = inner.get(name)
         fd_names[fd] = name
     for name, m in maps.items():
+        if "bpf_spin_lock" in m["leaf_desc"] or "bpf_timer" in m["leaf_desc"]:
+            raise MetaroceError(f"map {name} needs BTF (spin lock/timer): not cacheable")
         if m["type"] in MAP_IN_MAP and m.get("inner") not in maps:
             raise MetaroceError(f"map-in-map {name}: inner template not found")
     meta = {"format": FORMAT, "license": "GPL", "maps": maps, "funcs": {}}
