@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..errors import MetaroceError
-from . import libbpf
+from . import btf, libbpf
 from .bpftables import CachedTable
 
 FORMAT = 1
@@ -29,6 +29,7 @@ PROG_TYPES = {"xdp": 6, "sched_cls": 3}
 MAP_IN_MAP = {12: "ARRAY", 13: "HASH"}         # ARRAY_OF_MAPS, HASH_OF_MAPS
 LD_IMM64 = 0x18
 PSEUDO_MAP_FD, PSEUDO_MAP_VALUE = 1, 2
+BTF_FILE = "maps.btf"
 _INSN = struct.Struct("<BBhi")
 last_build: dict = {}
 
@@ -116,6 +117,13 @@ def _read_entry(d: Path) -> dict | None:
             f["insns"] = p.read_bytes()
             if hashlib.sha256(f["insns"]).hexdigest() != f["sha256"] or len(f["insns"]) % 8:
                 return None
+        if "btf" in meta:
+            p = d / meta["btf"]["file"]
+            if not _trusted(p):
+                return None
+            meta["btf"]["raw"] = p.read_bytes()
+            if hashlib.sha256(meta["btf"]["raw"]).hexdigest() != meta["btf"]["sha256"]:
+                return None
         return meta
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -126,7 +134,8 @@ def _write_entry(root: Path, key: str, meta: dict, insns: dict[str, bytes]) -> N
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))     # mode 0700
     try:
         for name, raw in insns.items():
-            fd = os.open(tmp / meta["funcs"][name]["file"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fname = meta["funcs"][name]["file"] if name in meta["funcs"] else name
+            fd = os.open(tmp / fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
         fd = os.open(tmp / "meta.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -166,7 +175,7 @@ def inner_templates(src_dir: Path) -> dict[str, str]:
 def record(bpf, funcs: dict[str, str], inner: dict[str, str]) -> tuple[dict, dict[str, bytes]]:
     """meta.json content and raw insns of a BCC build whose `funcs` are loaded."""
     lib, mod = _bcc_lib(), bpf.module
-    maps, fd_names = {}, {}
+    maps, fd_names, btf_ids = {}, {}, set()
     for i in range(lib.bpf_num_tables(mod)):
         name = lib.bpf_table_name(mod, i).decode()
         fd = lib.bpf_table_fd_id(mod, i)
@@ -182,14 +191,25 @@ def record(bpf, funcs: dict[str, str], inner: dict[str, str]) -> tuple[dict, dic
                       "leaf_desc": (lib.bpf_table_leaf_desc(mod, bname) or b"").decode()}
         if maps[name]["type"] in MAP_IN_MAP:
             maps[name]["inner"] = inner.get(name)
+        info = btf.map_info(fd)
+        if info.btf_id:
+            btf_ids.add(info.btf_id)
+            maps[name]["btf_key_type_id"] = info.btf_key_type_id
+            maps[name]["btf_value_type_id"] = info.btf_value_type_id
         fd_names[fd] = name
     for name, m in maps.items():
-        if "bpf_spin_lock" in m["leaf_desc"] or "bpf_timer" in m["leaf_desc"]:
-            raise MetaroceError(f"map {name} needs BTF (spin lock/timer): not cacheable")
+        if ("bpf_spin_lock" in m["leaf_desc"] or "bpf_timer" in m["leaf_desc"]) and \
+                "btf_value_type_id" not in m:
+            raise MetaroceError(f"map {name} needs BTF (spin lock/timer) and has none")
         if m["type"] in MAP_IN_MAP and m.get("inner") not in maps:
             raise MetaroceError(f"map-in-map {name}: inner template not found")
+    if len(btf_ids) > 1:
+        raise MetaroceError("maps with BTF from more than one BTF object: not cacheable")
     meta = {"format": FORMAT, "license": "GPL", "maps": maps, "funcs": {}}
     raw = {}
+    if btf_ids:
+        raw[BTF_FILE] = btf.btf_bytes(btf_ids.pop())
+        meta["btf"] = {"file": BTF_FILE, "sha256": hashlib.sha256(raw[BTF_FILE]).hexdigest()}
     for fname, kind in funcs.items():
         insns = bytes(bpf.dump_func(fname.encode()))
         raw[fname] = insns
@@ -259,15 +279,24 @@ class CachedProgram:
 
     def _create_maps(self) -> None:
         maps = self.meta["maps"]
-        for name in sorted(maps, key=lambda n: maps[n]["type"] in MAP_IN_MAP):   # templates first
-            m = maps[name]
-            opts = libbpf._MapCreateOpts(sz=ctypes.sizeof(libbpf._MapCreateOpts), map_flags=m["flags"])
-            if m["type"] in MAP_IN_MAP:
-                opts.inner_map_fd = self.fds[m["inner"]]
-            self.fds[name] = libbpf._check(
-                libbpf.lib().bpf_map_create(m["type"], name.encode()[:15], m["key_size"],
-                                            m["value_size"], m["max_entries"], ctypes.byref(opts)),
-                f"bpf_map_create {name}")
+        btf_fd = btf.btf_load(self.meta["btf"]["raw"]) if "btf" in self.meta else -1
+        try:
+            for name in sorted(maps, key=lambda n: maps[n]["type"] in MAP_IN_MAP):  # templates first
+                m = maps[name]
+                opts = libbpf._MapCreateOpts(sz=ctypes.sizeof(libbpf._MapCreateOpts),
+                                             map_flags=m["flags"])
+                if m["type"] in MAP_IN_MAP:
+                    opts.inner_map_fd = self.fds[m["inner"]]
+                if "btf_value_type_id" in m:
+                    opts.btf_fd, opts.btf_key_type_id = btf_fd, m["btf_key_type_id"]
+                    opts.btf_value_type_id = m["btf_value_type_id"]
+                self.fds[name] = libbpf._check(
+                    libbpf.lib().bpf_map_create(m["type"], name.encode()[:15], m["key_size"],
+                                                m["value_size"], m["max_entries"], ctypes.byref(opts)),
+                    f"bpf_map_create {name}")
+        finally:
+            if btf_fd >= 0:
+                os.close(btf_fd)                  # the maps keep their reference
 
     def __getitem__(self, name):
         key = name.decode() if isinstance(name, bytes) else name

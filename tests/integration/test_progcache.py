@@ -185,3 +185,25 @@ def test_a_damaged_entry_is_compiled_again(pair, cache):
         rx.close()
     assert len((entry / "nic_rx.insns").read_bytes()) == len(raw)   # rewritten whole
     assert progcache._read_entry(entry) is not None
+
+
+def test_fabric_with_a_spin_lock_map_loads_from_cache(cache):
+    """The lab fabric's vqueue map holds a bpf_spin_lock: the cached build recreates it with
+    the recorded BTF, and its programs (XDP and TC) load."""
+    from metaroce.kern import btf
+    from metaroce.kern.bcc_loader import build_program, load
+    from metaroce.lab import fabric
+    builds = [build_program("lab/fabric.bpf.c", {"MAX_PORTS": fabric.MAX_PORTS},
+                            dict(fabric.PROGRAMS.values())) for _ in range(2)]
+    try:
+        assert [b.build_info["source"] for b in builds] == ["compiled", "cache"]
+        for b in builds:
+            fabric._check_layouts(b)
+            assert all(load(b, f, k).fd >= 0 for f, k in fabric.PROGRAMS.values())
+        infos = [btf.map_info(b[b"vqueue"].map_fd) for b in builds]
+        assert infos[1].btf_id and infos[0].btf_value_type_id == infos[1].btf_value_type_id
+        for name in builds[1].meta["maps"]:
+            assert map_info(builds[0][name.encode()].map_fd) == map_info(builds[1][name.encode()].map_fd)
+    finally:
+        for b in builds:
+            b.cleanup()
