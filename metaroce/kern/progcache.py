@@ -104,7 +104,7 @@ def _usable_root(root: Path) -> bool:
 
 def _read_entry(d: Path) -> dict | None:
     """The entry's meta with its insns, or None if it is missing, untrusted or damaged."""
-    if not _trusted(d):
+    if not _trusted(d) or not _trusted(d / "meta.json"):
         return None
     try:
         meta = json.loads((d / "meta.json").read_text())
