@@ -329,14 +329,18 @@ def build(relpath: str, src_dir: Path, cflags: list[str], funcs: dict[str, str],
     root = cache_root()
     key = cache_key(src_dir, relpath, cflags, import_bcc().__version__, os.uname().release)
     use = root is not None and _usable_root(root)
+    note = ("cache off" if root is None else
+            None if use else f"cache {root} not usable (must be root's, 0700, and we root)")
     if use:
         meta = _read_entry(root / key)
         if meta is not None:
             try:
                 prog = CachedProgram(meta)
                 return _done(prog, "cache", key, t0)
-            except (MetaroceError, OSError):
-                pass                      # kernel changed its mind, entry stale: compile
+            except (MetaroceError, OSError) as exc:     # the kernel refuses the entry: compile
+                note = f"cached entry failed to load: {str(exc)[:300]}"
+        elif (root / key).exists():
+            note = "cached entry damaged or untrusted: compiled again"
     bpf = compile_fn()
     for fname, kind in funcs.items():
         from .bcc_loader import load  # noqa: PLC0415
@@ -347,11 +351,13 @@ def build(relpath: str, src_dir: Path, cflags: list[str], funcs: dict[str, str],
             _write_entry(root, key, meta, raw)
         except (MetaroceError, OSError):
             pass                          # not cacheable: still a working build
-    return _done(bpf, "compiled", key, t0)
+    return _done(bpf, "compiled", key, t0, note)
 
 
-def _done(prog, source: str, key: str, t0: float):
+def _done(prog, source: str, key: str, t0: float, note: str | None = None):
     info = {"source": source, "seconds": round(time.monotonic() - t0, 3), "key": key[:12]}
+    if note:
+        info["note"] = note
     last_build.clear()
     last_build.update(info)
     try:
