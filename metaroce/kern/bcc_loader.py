@@ -17,17 +17,32 @@ def bpf_dir() -> Path:
     raise MetaroceError("BPF sources not found (expected bpf/ next to the metaroce package)")
 
 
-def compile_program(relpath: str, defines: dict | None = None):
-    """Compile bpf/<relpath> with BCC; returns the bcc.BPF object (maps created, nothing attached)."""
-    bcc = import_bcc()
+def _cflags(relpath: str, defines: dict | None) -> list[str]:
     src = bpf_dir() / relpath
     cflags = [f"-I{src.parent}", f"-I{bpf_dir()}", "-Wno-unused-function"]
     for k, v in (defines or {}).items():
         cflags.append(f"-D{k}={v}")
+    return cflags
+
+
+def compile_program(relpath: str, defines: dict | None = None):
+    """Compile bpf/<relpath> with BCC; returns the bcc.BPF object (maps created, nothing attached)."""
+    bcc = import_bcc()
+    src = bpf_dir() / relpath
+    cflags = _cflags(relpath, defines)
     try:
         return bcc.BPF(src_file=str(src).encode(), cflags=cflags)
     except Exception as exc:  # BCC raises bare Exception on compile failures
         raise MetaroceError(f"compiling {relpath} with BCC failed: {exc}") from exc
+
+
+def build_program(relpath: str, defines: dict | None, funcs: dict[str, str]):
+    """compile_program + load of `funcs` ({name: 'xdp'|'sched_cls'}) through the build cache
+    (kern/progcache.py): a BCC object when compiled, a CachedProgram when loaded from cache;
+    both give bpf[b"map"], load(bpf, name, kind), cleanup(), and .build_info."""
+    from . import progcache  # noqa: PLC0415
+    return progcache.build(relpath, bpf_dir(), _cflags(relpath, defines), funcs,
+                           lambda: compile_program(relpath, defines))
 
 
 def load(bpf, name: str, prog_type: str):
@@ -40,4 +55,4 @@ def load(bpf, name: str, prog_type: str):
         raise MetaroceError(f"loading BPF program {name} failed (verifier or kernel): {exc}") from exc
 
 
-__all__ = ["bpf_dir", "compile_program", "load", "os"]
+__all__ = ["bpf_dir", "build_program", "compile_program", "load", "os"]

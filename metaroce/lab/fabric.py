@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 
 from ..kern import libbpf
-from ..kern.bcc_loader import compile_program, load
+from ..kern.bcc_loader import build_program, load
 from .netdev import ifindex, ipr_in
 
 PIN_ROOT = "/sys/fs/bpf/metaroce"
@@ -111,9 +111,10 @@ class Fabric:
 
 
 def load_and_pin(lab: str):
-    """Compile the fabric once, load its programs, pin maps and programs. Returns the BCC object
-    (it owns the fds: keep it until the programs are attached) and the program fds by pin name."""
-    bpf = compile_program("lab/fabric.bpf.c", {"MAX_PORTS": MAX_PORTS})
+    """Build the fabric (compiled once per configuration, kern/progcache.py), load its programs,
+    pin maps and programs. Returns the program object (it owns the fds: keep it until the
+    programs are attached) and the program fds by pin name."""
+    bpf = build_program("lab/fabric.bpf.c", {"MAX_PORTS": MAX_PORTS}, dict(PROGRAMS.values()))
     _check_layouts(bpf)
     d = pin_dir(lab)
     os.makedirs(d, exist_ok=True)

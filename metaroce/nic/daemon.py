@@ -148,6 +148,7 @@ class Daemon:
         return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
                 "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
+                "bpf_build": self.rx.build_info,
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
                 "tx": self.device.xsk.stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import MetaroceError
 from ..kern import libbpf
-from ..kern.bcc_loader import compile_program, load
+from ..kern.bcc_loader import build_program, load
 
 MR_CHUNK = 65536
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
@@ -82,8 +82,9 @@ class RxPath:
     """One loaded receive program with its maps; attach `prog_fd` to a device or test-run it."""
 
     def __init__(self, max_qps: int = 4096, max_mrs: int = 4096):
-        self.bpf = compile_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
-                                                     **extra_defines()})
+        self.bpf = build_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
+                                                   **extra_defines()}, {"nic_rx": "xdp"})
+        self.build_info = dict(self.bpf.build_info)
         self.prog = load(self.bpf, "nic_rx", "xdp")
         self.prog_fd = self.prog.fd
         self._mrs_fd = self.bpf[b"mrs"].map_fd
