@@ -955,6 +955,11 @@ class Device:
         for qp in self.qps.values():
             if qp.state != "RTS":
                 continue
+            if not (qp.pending or qp.retx or qp.rereads) and qp.cursor[0] >= len(qp.sq) and \
+                    (qp.deadline is None or now <= qp.deadline):
+                if qp.deadline is None and qp.sq and qp.timeout:    # nothing to send: only
+                    qp.deadline = now + self._timer(qp)             # the timer (as _send_qp)
+                continue                                            # (cheap with 1000s of QPs)
             if qp.pending:
                 self._assign(qp)
             if qp.deadline is not None and now > qp.deadline and qp.sq:
@@ -1104,11 +1109,21 @@ class Device:
             self.credits.tick(self.qps.values(), now)
 
     def next_deadline(self) -> float | None:
-        ds = [q.deadline for q in self.qps.values() if q.deadline] + \
-             [q.hold_until for q in self.qps.values() if q.hold_until > time.monotonic()]
+        """The earliest retransmission timer, RNR wait or credit tick (one pass over the QPs:
+        the event loop asks every round)."""
+        now = time.monotonic()
+        best = None
+        for q in self.qps.values():
+            d = q.deadline
+            if d and (best is None or d < best):
+                best = d
+            h = q.hold_until
+            if h > now and (best is None or h < best):
+                best = h
         if self.credits is not None and any(q.metaroce for q in self.qps.values()):
-            ds.append(self.credits.next_tick)
-        return min(ds) if ds else None
+            t = self.credits.next_tick
+            best = t if best is None or t < best else best
+        return best
 
     def take_wcs(self) -> list[tuple[Cq, list]]:
         out = []
