@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 from ..lab import core
@@ -118,10 +119,9 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
             qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn))
         target = Target(regions, qps, dead_rkeys=[guard.rkey ^ 0x5A5A5A5A, 0, 0xFFFFFFFF])
         gen = Generator(target, seed)
-        before = d.request(dev2, {"op": "status"})[0]
+        rx0, before = _snapshot(d, dev2, h2.netns)
         sender = _Sender(h1.netns)
         sent = refused = rearmed = 0
-        rx0 = _rx_packets(h2.netns)
         it = iter(gen)
         batches = 0
         try:
@@ -146,15 +146,8 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
         finally:
             sender.close()
         # let the last frames drain through the veth's NAPI, then count
-        last, after = None, None
-        for _ in range(50):
-            time.sleep(0.05)
-            after = d.request(dev2, {"op": "status"})[0]
-            seen = sum(v for k, v in after["counters"].items() if not k.startswith("tx_"))
-            if seen == last:
-                break
-            last = seen
-        delivered = _rx_packets(h2.netns) - rx0
+        d1, after = _snapshot(d, dev2, h2.netns)
+        delivered = d1 - rx0
         rx = {k: after["counters"][k] - before["counters"].get(k, 0)
               for k in after["counters"] if not k.startswith("tx_")}
         tx = sum(after["counters"][k] - before["counters"].get(k, 0)
@@ -198,6 +191,24 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
         core.down(name)
 
 
+def _snapshot(d, dev, netns: str) -> tuple[int, dict]:
+    """The device's rx_packets and the daemon's status (XDP verdict counters), read together
+    and taken only when neither moved between two reads: the kernel's own traffic (IPv6 DAD,
+    MLD, router solicitations in a freshly built lab) may arrive at any time, and veth counts
+    a frame received before XDP has seen it."""
+    last = None
+    for _ in range(100):
+        d0 = _rx_packets(netns)
+        st = d.request(dev, {"op": "status"})[0]
+        seen = sum(v for k, v in st["counters"].items() if not k.startswith("tx_"))
+        d1 = _rx_packets(netns)
+        if d0 == d1 and (seen, d1) == last:
+            break
+        last = (seen, d1)
+        time.sleep(0.05)
+    return d1, st
+
+
 def _rx_packets(ns: str) -> int:
     """Frames the device received (veth counts every frame its XDP program saw)."""
     from pyroute2 import IPRoute  # noqa: PLC0415
@@ -236,9 +247,13 @@ def _serves(view, ctx2: Context, h1) -> bool:
                       SendWR(IBV_WR_RDMA_READ, wr_id=2, sg_list=[ma.sge(1 << 19, 1 << 19)],
                              remote_addr=mb.addr, rkey=mb.rkey)])
         wcs = ca.wait(2, timeout_s=20)
-        return all(w.status == IBV_WC_SUCCESS for w in wcs) and \
+        ok = all(w.status == IBV_WC_SUCCESS for w in wcs) and \
             mb.read(1 << 19) == data and ma.read(1 << 19, 1 << 19) == data
-    except Exception:  # noqa: BLE001 (a daemon that cannot serve is the finding)
+        if not ok:
+            print(f"fuzz --wire: the daemon did not serve afterwards: {wcs}", file=sys.stderr)
+        return ok
+    except Exception as exc:  # noqa: BLE001 (a daemon that cannot serve is the finding)
+        print(f"fuzz --wire: the daemon did not serve afterwards: {exc}", file=sys.stderr)
         return False
     finally:
         c1.close()

@@ -15,8 +15,10 @@ def test_wire_fuzz_accounts_for_every_frame():
                         "--seed", "7", "--json"], capture_output=True, text=True, timeout=600)
     assert p.stdout, p.stderr[-2000:]
     r = json.loads(p.stdout)
+    assert r["unaccounted"] == 0 and r["delivered"] == r["seen_by_xdp"], r
+    assert r["out_of_region_writes"] == 0 and r["crashes"] == 0, r
+    assert r["daemon_serves_after"], p.stderr[-2000:]
     assert p.returncode == 0 and r["ok"], r
-    assert r["unaccounted"] == 0 and r["delivered"] == r["seen_by_xdp"]
     assert r["delivered"] == r["accepted"] + r["passed"] + r["dropped"]
     assert r["sent"] + r["refused_by_socket"] == r["packets"]
     assert r["delivered"] >= 0.7 * r["packets"]            # most frames reach the device
