@@ -157,8 +157,8 @@ def multipath(paths, fail_at, mode, seed, entropies, host_gbps, fabric_gbps, siz
     """
     _check(1 <= paths <= 64, "--paths must be in 1..64")
     _check(entropies is None or 1 <= entropies <= 64, "--entropies must be in 1..64")
-    _check(fail_at is None or (math.isfinite(fail_at) and fail_at >= 0),
-           "--fail-at must be a number >= 0")
+    _check(fail_at is None or (math.isfinite(fail_at) and 0 <= fail_at <= 1e6),
+           "--fail-at must be a number of simulated seconds from 0 to 1e6")
     _sizes(host_gbps=host_gbps, fabric_gbps=fabric_gbps, size_mib=size_mib, msg_kib=msg_kib)
     if not as_json:
         log(f"simulating {paths}-path leaf-spine mode={mode} seed={seed} …")
