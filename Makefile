@@ -37,6 +37,7 @@ bench: setup
 	$(PY) tools/bench/loss_sweep.py --quick
 	$(PY) tools/bench/qp_scale.py --quick
 	$(PY) tools/bench/daemon_rtt.py
+	$(PY) tools/bench/bpf_build.py
 	$(PY) tools/bench/incast.py --quick
 	$(PY) tools/bench/multipath.py --quick
 	$(PY) tools/bench/sim_scale.py --quick --jobs 2

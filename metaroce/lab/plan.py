@@ -129,12 +129,12 @@ class LabPlan:
                    ecn_threshold=d["ecn_threshold"], nodes=nodes, links=links)
 
 
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps|b)?\s*$", re.I)
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
 _RATE_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
 def parse_rate(text: str | int | None) -> int | None:
-    """'10gbit', '500mbit', '1g', '2500000' -> bits per second (tc units: bit = bits)."""
+    """'10gbit', '500mbit', '1g', '2500000', '25e9' -> bits per second (tc units: bit = bits)."""
     if text is None or isinstance(text, int):
         return text
     m = _RATE_RE.match(text)

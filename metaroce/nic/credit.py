@@ -13,22 +13,22 @@ written only when a share changes.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+from ..errors import UsageError
+from ..lab.plan import parse_rate as lab_parse_rate
 
 
 def parse_rate(text: str | float | int) -> float:
-    """Bits per second from 150e6, "150000000", "150mbit", "10G" or "10gbit"."""
+    """A link rate in bits per second, 1 kbit/s .. 10 Tbit/s, from a number or the lab's rate
+    syntax (150mbit, 10G, 25e9; metaroce.lab.plan.parse_rate)."""
     if isinstance(text, (int, float)):
         value = float(text)
     else:
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*",
-                         str(text).lower())
-        if not m:
-            raise ValueError(f"not a rate: {text!r} (e.g. 150mbit, 10gbit, 25e9)")
-        value = float(m.group(1)) * RATE_UNITS[m.group(2)]
+        try:
+            value = float(lab_parse_rate(str(text)))
+        except UsageError as exc:
+            raise ValueError(f"not a rate: {text!r} (e.g. 150mbit, 10gbit, 25e9): {exc}") from None
     if not 1e3 <= value <= 1e13:
         raise ValueError(f"a link rate must be between 1 kbit/s and 10 Tbit/s, not {value:g}")
     return value

@@ -149,8 +149,7 @@ class Qp:
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
                       "selective_retransmits": 0, "rto_expired": 0, "partial_rereads": 0,
-                      "cnp_received": 0, "credit_grants": 0, "credit_blocked": 0,
-                      "path_evictions": 0}
+                      "cnp_received": 0, "credit_grants": 0, "credit_blocked": 0}
         self.credit_limit = None                # CC-8: no new PSN at or past it (None: unlimited)
         self.paths: PathSet | None = None       # MetaRoCE multipath (spec 5.4), when negotiated
         self.last_rtt = None                    # the latest RTT sample (SACK-5 (b))
@@ -825,7 +824,6 @@ class Device:
     def _repath(qp: Qp, k: int) -> None:
         """Give the fast path path k's (new) source port."""
         qp.flow.sports[k] = qp.paths.paths[k].sport
-        qp.stats["path_evictions"] += 1
 
     def _path_feedback(self, qp: Qp, flags: int, rtt: float | None) -> None:
         """An ACK/SACK event: flags carry the echoed PathID (bits 8-15) and the SACK's flags
@@ -1154,6 +1152,7 @@ class Device:
         out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None
         out["credit_share_pkts"] = self.credits.share_of(qp.qpn) if self.credits else 0
         out["paths"] = len(qp.paths) if qp.paths else 1
+        out["path_evictions"] = sum(p.evictions for p in qp.paths.paths) if qp.paths else 0
         if qp.paths is not None:                             # MP-4: per-path statistics
             out["path_stats"] = [{**p, "sent_packets": int(qp.flow.path_pkts[p["path"]])}
                                  for p in qp.paths.stats()]

@@ -8,32 +8,22 @@ import os
 import threading
 
 import pytest
-from verbs_util import End, connect, daemons, ip_of
+from verbs_util import End, connect, ip_of, leaf_spine
 
 from metaroce.cm import connect as cm_connect
 from metaroce.cm import Listener
 from metaroce.deploy.exporter import Registry, add_device
 from metaroce.lab.impair import Impairment
 from metaroce.nic.stats import device_stats, format_stats
-from metaroce.verbs import CQ, IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, PD, Context, SendWR
+from metaroce.verbs import CQ, IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, PD, SendWR
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def fabric(module_lab_name):
-    from metaroce.lab import core
-    core.up(module_lab_name, "leaf-spine", hosts=4)
-    view = core.LabView(module_lab_name)
-    try:
-        with daemons(view, hosts=("h1", "h4"), mode="metaroce"):
-            c1 = Context("eth0", view.plan.node("h1").netns)
-            c4 = Context("eth0", view.plan.node("h4").netns)
-            yield view, c1, c4
-            c1.close()
-            c4.close()
-    finally:
-        core.down(module_lab_name)
+    with leaf_spine(module_lab_name) as fab:
+        yield fab
 
 
 def _write(a: End, b: End, size: int, wr_id: int = 1, timeout_s: float = 60):

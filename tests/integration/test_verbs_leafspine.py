@@ -6,28 +6,18 @@ devices offer MetaRoCE; each connection asks for one mode); data verified byte f
 import os
 
 import pytest
-from verbs_util import End, connect, daemons, ip_of
+from verbs_util import End, connect, ip_of, leaf_spine
 
 from metaroce.verbs import (IBV_WC_SUCCESS, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ,
-                            IBV_WR_RDMA_WRITE, IBV_WR_SEND_WITH_IMM, Context, RecvWR, SendWR)
+                            IBV_WR_RDMA_WRITE, IBV_WR_SEND_WITH_IMM, RecvWR, SendWR)
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def fabric(module_lab_name):
-    from metaroce.lab import core
-    core.up(module_lab_name, "leaf-spine", hosts=4)
-    view = core.LabView(module_lab_name)
-    try:
-        with daemons(view, hosts=("h1", "h4"), mode="metaroce"):
-            c1 = Context("eth0", view.plan.node("h1").netns)
-            c4 = Context("eth0", view.plan.node("h4").netns)
-            yield view, c1, c4
-            c1.close()
-            c4.close()
-    finally:
-        core.down(module_lab_name)
+    with leaf_spine(module_lab_name) as fab:
+        yield fab
 
 
 @pytest.mark.parametrize("mode", ["roce", "metaroce"])

@@ -52,3 +52,22 @@ def connect(a: End, b: End, ip_a: str, ip_b: str, mode: str = "roce", **attr) ->
 def lab_pair(name: str):
     core.up(name, "pair")
     return core.LabView(name)
+
+
+@contextmanager
+def leaf_spine(name: str):
+    """A 4-host leaf-spine lab with MetaRoCE devices on h1 (under leaf1) and h4 (under leaf2):
+    yields (view, context on h1, context on h4); everything torn down afterwards."""
+    core.up(name, "leaf-spine", hosts=4)
+    view = core.LabView(name)
+    try:
+        with daemons(view, hosts=("h1", "h4"), mode="metaroce"):
+            c1 = Context("eth0", view.plan.node("h1").netns)
+            c4 = Context("eth0", view.plan.node("h4").netns)
+            try:
+                yield view, c1, c4
+            finally:
+                c1.close()
+                c4.close()
+    finally:
+        core.down(name)

@@ -68,6 +68,36 @@ def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500):
         core.down(name)
 
 
+@dataclass
+class BenchEnd:
+    """One side of a connected benchmark QP pair: its MR, CQ and QP."""
+    mr: object
+    cq: object
+    qp: object
+
+
+def qp_pair(c1, c2, ip1: str, ip2: str, mode: str, mr_bytes: int, access: int,
+            **attr) -> tuple[BenchEnd, BenchEnd]:
+    """A PD, an MR of mr_bytes, a CQ and an RC QP on each context, connected to each other
+    (attr: connect attributes, e.g. paths=4); close with close_pair."""
+    from metaroce.verbs import CQ, MR, PD, QP, QPInitAttr  # noqa: PLC0415
+    ends = []
+    for c in (c1, c2):
+        pd = PD(c)
+        cq = CQ(c, 4096)
+        ends.append(BenchEnd(MR(pd, mr_bytes, access), cq, QP(pd, QPInitAttr(cq, cq))))
+    a, b = ends
+    a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode}, **attr)
+    b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode}, **attr)
+    return a, b
+
+
+def close_pair(*ends: BenchEnd) -> None:
+    for e in ends:
+        e.qp.close()
+        e.mr.close()
+
+
 def cli_supports(command: list[str], option: str) -> bool:
     """Whether `metaroce COMMAND --help` lists OPTION (features other work may add later)."""
     p = subprocess.run(CLI + command + ["--help"], capture_output=True, text=True, env=ENV,

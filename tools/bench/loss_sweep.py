@@ -21,11 +21,10 @@ import subprocess
 import sys
 import time
 
-from benchlab import header, pyplot, save_figure, summary, two_hosts
+from benchlab import close_pair, header, pyplot, qp_pair, save_figure, summary, two_hosts
 from metaroce.lab.impair import Impairment
-from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
-                            IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPInitAttr, SendWR,
-                            wc_status_str)
+from metaroce.verbs import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
+                            IBV_WR_RDMA_WRITE, Context, SendWR, wc_status_str)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAB = "benchloss"
@@ -33,15 +32,8 @@ ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
 
 
 def rdma_run(c1, c2, ip1, ip2, mode, size, depth, seconds):
-    ends = []
-    for c in (c1, c2):
-        pd = PD(c)
-        mr = MR(pd, size * depth, ACCESS)
-        cq = CQ(c, 4096)
-        ends.append((pd, mr, cq, QP(pd, QPInitAttr(cq, cq))))
-    (pa, ma, ca, qa), (pb, mb, cb, qb) = ends
-    qa.connect({"qpn": qb.qp_num, "psn": qb.psn, "ip": ip2, "mode": mode})
-    qb.connect({"qpn": qa.qp_num, "psn": qa.psn, "ip": ip1, "mode": mode})
+    a, b = qp_pair(c1, c2, ip1, ip2, mode, size * depth, ACCESS)
+    (ma, ca, qa), mb = (a.mr, a.cq, a.qp), b.mr
     posted_at, fct, done_bytes, errors = {}, [], 0, 0
     t0 = time.monotonic()
     end = t0 + seconds
@@ -66,9 +58,7 @@ def rdma_run(c1, c2, ip1, ip2, mode, size, depth, seconds):
     finally:
         elapsed = time.monotonic() - t0
         retx = qa.query().get("retransmitted_packets", 0)
-        for pd, mr, cq, qp in ends:
-            qp.close()
-            mr.close()
+        close_pair(a, b)
     fct.sort()
     p99 = fct[max(0, int(len(fct) * 0.99) - 1)] if fct else None
     return {"goodput_bps": done_bytes * 8 / elapsed, "fct_p50_s": fct[len(fct) // 2] if fct else None,

@@ -27,11 +27,13 @@ import sys
 import threading
 import time
 
-from benchlab import fresh_lab, header, pyplot, save, save_figure, stop_daemons, summary
+from benchlab import (close_pair, fresh_lab, header, pyplot, qp_pair, save, save_figure,
+                      stop_daemons, summary)
 from metaroce.lab import core, shaping
+from metaroce.lab.plan import parse_rate
 from metaroce.nic import daemon as d
-from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
-                            IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPInitAttr, SendWR)
+from metaroce.verbs import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
+                            IBV_WR_RDMA_WRITE, Context, SendWR)
 
 LAB = "benchmp"
 ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
@@ -61,16 +63,9 @@ def set_link(view, up: bool) -> None:
 
 
 def rdma_run(c1, c4, ip1, ip4, mode, paths, size, depth, seconds, fail_at=None, view=None):
-    ends = []
-    for c in (c1, c4):
-        pd = PD(c)
-        mr = MR(pd, size * depth, ACCESS)
-        cq = CQ(c, 4096)
-        ends.append((pd, mr, cq, QP(pd, QPInitAttr(cq, cq))))
-    (_, ma, ca, qa), (_, mb, _, qb) = ends
     attr = {"paths": paths} if mode == "metaroce" else {}
-    qa.connect({"qpn": qb.qp_num, "psn": qb.psn, "ip": ip4, "mode": mode}, **attr)
-    qb.connect({"qpn": qa.qp_num, "psn": qa.psn, "ip": ip1, "mode": mode}, **attr)
+    a, b = qp_pair(c1, c4, ip1, ip4, mode, size * depth, ACCESS, **attr)
+    (ma, ca, qa), mb = (a.mr, a.cq, a.qp), b.mr
     done, errors, stamps, outstanding, nxt = 0, 0, [], 0, 0
     timer = None
     t0 = time.monotonic()
@@ -106,9 +101,7 @@ def rdma_run(c1, c4, ip1, ip4, mode, paths, size, depth, seconds, fail_at=None, 
         if timer is not None:
             timer.cancel()
         st = qa.query()
-        for _, mr, _, qp in ends:
-            qp.close()
-            mr.close()
+        close_pair(a, b)
     out = {"goodput_bps": done * 8 / elapsed, "app_errors": errors,
            "retransmitted_packets": st.get("retransmitted_packets", 0),
            "path_evictions": st.get("path_evictions", 0), "rto_expired": st.get("rto_expired", 0)}
@@ -199,8 +192,7 @@ def main() -> int:
     a = ap.parse_args()
     runs, secs = (5, 8.0) if a.full else (3, 4.0)
     fail_at = secs / 3
-    rate_bps = int(float(a.rate.lower().rstrip("bit").rstrip("m")) * 1e6) \
-        if a.rate.lower().endswith("mbit") else int(a.rate)
+    rate_bps = parse_rate(a.rate)
     view = fresh_lab(LAB, "leaf-spine", hosts=4)
     devs = [d.DeviceId("eth0", view.plan.node(h).netns) for h in ("h1", "h4")]
     started = []
