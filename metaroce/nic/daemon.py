@@ -9,73 +9,60 @@ connection created is reclaimed when it closes."""
 from __future__ import annotations
 
 import array
+import dataclasses
+import faulthandler
 import json
 import os
 import selectors
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
 from ..errors import MetaroceError
 from ..kern import libbpf
-from pyroute2 import netns as _netns
 
+from . import xdpslot
 from .credit import CreditConfig, link_speed_bps
+from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
 from .rx import RxPath
 
-RUN_DIR = os.environ.get("METAROCE_RUN_DIR", "/run/metaroce/nic")
-
-
-@dataclass(frozen=True)
-class DeviceId:
-    """A device is named by its network namespace (None = the caller's) and interface."""
-    dev: str
-    netns: str | None = None
-
-    @property
-    def tag(self) -> str:
-        return f"{self.netns or 'host'}--{self.dev}"
-
-    @property
-    def sock_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.sock")
-
-    @property
-    def pid_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.pid")
-
-    @property
-    def log_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.log")
 
 
 def running_pid(dev: DeviceId) -> int | None:
+    """The daemon's pid, if its pid file names a live process in the device's namespace (a
+    stale file's pid may have been reused by anything)."""
     try:
         pid = int(open(dev.pid_path).read().strip())
     except (OSError, ValueError):
         return None
     try:
-        os.kill(pid, 0)
         with open(f"/proc/{pid}/stat") as f:
             if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                 return None                 # dead, not yet reaped by its parent
-    except (ProcessLookupError, FileNotFoundError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    if process_netns_inode(pid) != dev.inode:
         return None
     return pid
 
 
 def clean_stale(dev: DeviceId) -> bool:
-    """Remove the pid file and socket of a daemon that is gone; True if there was any."""
+    """Remove the pid file and socket of a daemon that is gone and put back the XDP program it
+    had taken the interface's slot from; True if there was anything to clean."""
     if running_pid(dev) is not None:
         return False
     found = False
+    if os.path.exists(dev.restore_path):
+        found = True
+        _in_netns_of(dev, xdpslot.put_back, dev.restore_path)
     for p in (dev.pid_path, dev.sock_path):
         try:
             os.unlink(p)
@@ -85,10 +72,23 @@ def clean_stale(dev: DeviceId) -> bool:
     return found
 
 
-def _detach_netlink_xdp(ifindex: int) -> None:
-    """A netlink-attached program (e.g. the lab's pass-through) blocks link attachment."""
-    with IPRoute() as ipr:
-        ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1)]})
+def _in_netns_of(dev: DeviceId, fn, *args):
+    """fn(*args) in a thread inside dev's namespace (the caller's own thread stays where it
+    is); nothing is done when the namespace cannot be entered any more."""
+    if dev.is_callers:
+        return fn(*args)
+    out: list = []
+
+    def run():
+        try:
+            enter(dev)
+        except (MetaroceError, OSError):
+            return
+        out.append(fn(*args))
+    t = threading.Thread(target=run, name="metaroce-netns")
+    t.start()
+    t.join()
+    return out[0] if out else None
 
 
 def _checked_wrs(wrs) -> list:
@@ -111,19 +111,22 @@ class Daemon:
             raise MetaroceError("--mode must be roce or metaroce")
         self.dev, self.mode = dev, mode
         self.started = time.time()
-        if dev.netns:                    # the daemon lives in its device's namespace
-            _netns.setns(dev.netns)
+        enter(dev)                       # the daemon lives in its device's namespace
         try:
             self.ifindex = socket.if_nametoindex(dev.dev)
         except OSError:
-            raise MetaroceError(f"no interface {dev.dev}"
-                                f"{' in ' + dev.netns if dev.netns else ''}") from None
+            raise MetaroceError(f"no interface {dev.where()}") from None
         self.rx = RxPath()
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-        _detach_netlink_xdp(self.ifindex)
+        self.displaced = xdpslot.take_over(self.ifindex, dev.restore_path)
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
-        self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
+        try:
+            self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
+        except OSError:
+            xdpslot.put_back(dev.restore_path)
+            self.rx.close()
+            raise
         if credits is not None:
             if credits.link_rate_bps is None:
                 credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
@@ -145,7 +148,7 @@ class Daemon:
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
 
     def status(self) -> dict:
-        return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
+        return {**self.dev.describe(), "pid": os.getpid(),
                 "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "bpf_build": self.rx.build_info,
@@ -255,6 +258,10 @@ class Daemon:
             pass                     # the application went away; its close reclaims it
 
     def serve_forever(self) -> None:
+        # a crash in C code leaves a Python traceback in the log too, and a daemon that does
+        # not stop when asked leaves its threads' stacks there before it is killed (`stop`)
+        faulthandler.enable()
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
         sel = selectors.DefaultSelector()
@@ -313,6 +320,7 @@ class Daemon:
 
     def close(self) -> None:
         os.close(self.link_fd)              # detaches the program
+        xdpslot.put_back(self.dev.restore_path)
         self.device.close()
         self.sock.close()
         for p in (self.dev.sock_path, self.dev.pid_path):
@@ -328,6 +336,15 @@ class Daemon:
         self.rx.close()
 
 
+def not_running(dev: DeviceId) -> str:
+    return f"no MetaRoCE device on {dev.where()} (start it: metaroce up {dev.args()})"
+
+
+def already_running(dev: DeviceId, pid: int) -> str:
+    return (f"a MetaRoCE daemon already runs on {dev.where()} (pid {pid}): "
+            f"metaroce down {dev.args()}")
+
+
 def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[int]]:
     """One request to a running daemon; returns its reply and any fds it passed."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -335,9 +352,7 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
     try:
         s.connect(dev.sock_path)
     except (FileNotFoundError, ConnectionRefusedError):
-        raise MetaroceError(f"no MetaRoCE device on {dev.dev}"
-                            f"{' in ' + dev.netns if dev.netns else ''} (start it: metaroce up "
-                            f"--dev {dev.dev})") from None
+        raise MetaroceError(not_running(dev)) from None
     try:
         s.sendall((json.dumps(req) + "\n").encode())
         fds = array.array("i")
@@ -356,55 +371,57 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
-    """Fork a daemon for dev, wait until it serves (or report why it could not), return its
-    status."""
+    """Start a daemon for dev in a process of its own (a fresh interpreter: see
+    daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
+    not), return its status."""
     pid = running_pid(dev)
     if pid:
-        raise MetaroceError(f"a MetaRoCE daemon already runs on {dev.dev} (pid {pid}): "
-                            f"metaroce down --dev {dev.dev}")
+        raise MetaroceError(already_running(dev, pid))
     clean_stale(dev)
+    os.makedirs(RUN_DIR, exist_ok=True)
     rfd, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:                      # the daemon
-        os.close(rfd)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        os.makedirs(RUN_DIR, exist_ok=True)
-        log = os.open(dev.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.dup2(log, 2)                 # a crash's traceback lands in the device's log
-        # inherit nothing else: a copy of the caller's descriptors (another device's MR maps,
-        # sockets, BPF objects) would keep them alive as long as this daemon lives
-        os.closerange(3, wfd)
-        os.closerange(wfd + 1, 1 << 16)
-        # and Python's own streams must be the new 0-2, not whatever the caller's were (a test
-        # runner's capture files, closed just now)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
-        try:
-            dm = Daemon(dev, mode, credits)
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
-            os.write(wfd, f"error: {exc}".encode())
-            os._exit(1)
-        os.write(wfd, b"ok")
+    cmd = [sys.executable, "-m", "metaroce.nic.daemon_proc", "--dev", dev.dev,
+           "--netns-inode", str(dev.inode), "--mode", mode, "--ready-fd", str(wfd)]
+    if dev.netns is not None:
+        cmd += ["--netns", dev.netns]
+    if credits is not None:
+        cmd += ["--credits", json.dumps(dataclasses.asdict(credits))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [_package_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    try:
+        with open(dev.log_path, "wb") as log:
+            os.chmod(dev.log_path, 0o640)
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=log, pass_fds=(wfd,), start_new_session=True,
+                                     env=env, cwd="/")
+    finally:
         os.close(wfd)
-        code = 0
-        try:
-            dm.serve_forever()
-        except BaseException:  # noqa: BLE001 (the log keeps the traceback)
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(wfd)
-    answer = os.read(rfd, 4096).decode() or "error: the daemon died while starting"
-    os.close(rfd)
+    with os.fdopen(rfd, "rb") as r:
+        answer = r.read(4096).decode(errors="replace")
     if answer != "ok":
-        os.waitpid(child, 0)
+        child.wait()
+        if not answer:
+            answer = "error: the daemon died while starting: " + _last_line(dev.log_path)
         raise MetaroceError(answer.removeprefix("error: "))
+    _children.append(child)                 # reaped by stop(), or when this process exits
     return request(dev, {"op": "status"})[0]
+
+
+_children: list[subprocess.Popen] = []
+
+
+def _package_root() -> str:
+    """The directory that holds this `metaroce` package (the daemon imports the same code)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [l.strip() for l in f if l.strip()]
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "(its log is empty)"
 
 
 def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
@@ -412,17 +429,24 @@ def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
     pid = running_pid(dev)
     if pid is None:
         if clean_stale(dev):
-            return {"dev": dev.dev, "stopped": None, "cleaned_stale": True}
-        raise MetaroceError(f"no MetaRoCE daemon runs on {dev.dev}")
+            return {**dev.describe(), "stopped": None, "cleaned_stale": True}
+        raise MetaroceError(f"no MetaRoCE daemon runs on {dev.where()}")
     os.kill(pid, signal.SIGTERM)
     deadline = time.time() + timeout_s
     while running_pid(dev) is not None and time.time() < deadline:
         time.sleep(0.05)
     if running_pid(dev) is not None:
+        os.kill(pid, signal.SIGUSR1)        # its stacks to its log: where was it stuck?
+        time.sleep(0.2)
+        print(f"metaroce: the daemon of {dev.where()} (pid {pid}) did not stop within "
+              f"{timeout_s:g} s of SIGTERM: killed; its stacks are in {dev.log_path}",
+              file=sys.stderr, flush=True)
         os.kill(pid, signal.SIGKILL)
-        clean_stale(dev)
-    try:
-        os.waitpid(pid, os.WNOHANG)     # reap it when it is our child
-    except ChildProcessError:
-        pass
-    return {"dev": dev.dev, "stopped": pid, "cleaned_stale": False}
+        deadline = time.time() + 5
+        while running_pid(dev) is not None and time.time() < deadline:
+            time.sleep(0.02)
+    for c in [c for c in _children if c.pid == pid]:
+        c.wait()                         # our child: reap it
+        _children.remove(c)
+    clean_stale(dev)                    # a daemon killed on the way out left its files
+    return {**dev.describe(), "stopped": pid, "cleaned_stale": False}

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from ..engine.wr import WcStatus
 from ..errors import MetaroceError
-from ..nic.daemon import DeviceId
+from ..nic.daemon import not_running
+from ..nic.devid import DeviceId
 from .enums import IBV_SEND_INLINE, IBV_SEND_SIGNALED
 
 
@@ -42,12 +43,10 @@ class Context:
             self._s.connect(self.dev.sock_path)
         except (FileNotFoundError, ConnectionRefusedError):
             self._s.close()
-            raise MetaroceError(f"no MetaRoCE device on {name}"
-                                f"{' in ' + netns if netns else ''} (start it: metaroce up "
-                                f"--dev {name})") from None
+            raise MetaroceError(not_running(self.dev)) from None
         except PermissionError:
             self._s.close()
-            raise MetaroceError(f"not allowed to use the device on {name}: the control socket "
+            raise MetaroceError(f"not allowed to use the device {self.dev.where()}: the control socket "
                                 f"{self.dev.sock_path} is for root and its group") from None
         self._buf = b""
         self._fds: deque[int] = deque()
@@ -66,7 +65,7 @@ class Context:
         msg, anc, _f, _a = self._s.recvmsg(1 << 20, socket.CMSG_SPACE(16 * fds.itemsize))
         if not msg:
             self.closed = True
-            raise MetaroceError(f"the MetaRoCE daemon on {self.dev.dev} went away")
+            raise MetaroceError(f"the MetaRoCE daemon of {self.dev.where()} went away")
         for level, ctype, cdata in anc:
             if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
                 fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
