@@ -38,18 +38,13 @@ class Cq:
     requested: int
     wcs: list = field(default_factory=list)     # produced, not yet handed to the owner
     produced: int = 0
-    _ci: int = 0
     overrun: bool = False
     dropped: int = 0                            # completions lost to the overrun
+    _ci: int = 0
 
-    @property
-    def report_every(self) -> int:
-        return ci_every(self.requested)
-
-    @property
-    def cqe(self) -> int:
-        """The entries the CQ really has (at least what was asked for)."""
-        return self.requested + self.report_every
+    def __post_init__(self):
+        self.report_every = ci_every(self.requested)
+        self.cqe = self.requested + self.report_every     # the entries it really has
 
     @property
     def consumed(self) -> int:
