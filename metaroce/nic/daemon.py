@@ -263,7 +263,7 @@ class Daemon:
             return
         try:
             if not conn.send((json.dumps(msg) + "\n").encode(), fds):
-                self._drop(conn, f"cut off: more than {MAX_OUTPUT_BYTES >> 20} MiB of output "
+                self._drop(conn, f"cut off: more than {conn.out.limit >> 20} MiB of output "
                                  f"unread")
                 return
         except OSError:
@@ -343,6 +343,7 @@ class Daemon:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
         sel = self._sel = selectors.DefaultSelector()
+        self.sock.setblocking(False)         # nothing in the loop may block
         sel.register(self.sock, selectors.EVENT_READ, "listen")
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
         dev = self.device
