@@ -33,13 +33,15 @@ def main() -> None:
                   remote_addr=peer["addr"] + 64 * i, rkey=peer["rkey"]).to_json()
            for i in range(WRS_PER_POST)]
     n = 0
+    t0 = time.monotonic()
     try:
         while True:                      # requests only: never a read
             n += 1
             ctx._s.sendall((json.dumps({"op": "post_send", "id": 1 << 20 | n, "qpn": qp.qp_num,
                                         "wrs": wrs}) + "\n").encode())
     except OSError as exc:
-        print(f"cut off after {n} posts ({type(exc).__name__})", flush=True)
+        print(f"cut off after {n} posts in {time.monotonic() - t0:.2f} s "
+              f"({type(exc).__name__})", flush=True)
     while True:
         time.sleep(1)
 

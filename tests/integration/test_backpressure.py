@@ -135,10 +135,11 @@ def test_an_application_that_stops_reading_is_cut_off_and_others_go_on(lab):
                                  remote_addr=attrs["addr"], rkey=attrs["rkey"]))
         assert peer.cq.wait(1, timeout_s=10)[0].status == IBV_WC_RETRY_EXC_ERR
         # and the pair did not wait on it: about the time it takes alone (the stuck
-        # application's flood shares the two vCPUs until it is cut off)
-        assert took < 2 * alone + 5, (took, alone)
+        # application's flood of WRITEs shares the device and the two vCPUs until it is cut
+        # off, a few seconds); before, the pair never finished
+        assert took < 3 * alone + 10, (took, alone)
         print(f"256 MiB WRITE + READ back: {alone:.2f} s alone, {took:.2f} s with the stuck "
-              f"application")
+              f"application ({said})")
     finally:
         if app.poll() is None:
             app.kill()
