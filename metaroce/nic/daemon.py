@@ -28,6 +28,7 @@ from ..errors import MetaroceError
 from ..kern import libbpf
 
 from . import xdpslot
+from .clients import MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, Connection
 from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
@@ -146,6 +147,8 @@ class Daemon:
         self._stop = False
         self.persistent = Endpoints()
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
+        self.conns: set[Connection] = set()
+        self.cut_off = 0                         # connections cut off for not reading
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
@@ -156,6 +159,10 @@ class Daemon:
                 "tx": self.device.xsk.stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
                             if self.device.credits else {"enabled": False}),
+                "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
+                            "max_output_bytes": MAX_OUTPUT_BYTES},
+                "cqs": [c.describe() for c in self.device.cqs.values()
+                        if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
 
     def _op(self, conn, req: dict) -> tuple[dict, list[int]]:
@@ -188,7 +195,8 @@ class Daemon:
             d.dereg_mr(conn, int(req["key"]))
             return {"ok": True}, []
         if op == "create_cq":
-            return {"cq": d.create_cq(conn, int(req.get("depth", 1024)))}, []
+            cq = d.create_cq(conn, int(req.get("cqe", 1024)))
+            return {"cq": cq.handle, "cqe": cq.cqe, "ci_every": cq.report_every}, []
         if op == "create_qp":
             qp = d.create_qp(conn, int(req["pd"]), int(req["send_cq"]), int(req["recv_cq"]),
                              dict(req.get("cap", {})))
@@ -229,7 +237,7 @@ class Daemon:
             return self.rx.qp_state(qpn), []
         return {"error": f"unknown op {op!r}"}, []
 
-    def _handle(self, conn: socket.socket, line: bytes) -> None:
+    def _handle(self, conn: Connection, line: bytes) -> None:
         fds: list[int] = []
         rid = None
         try:
@@ -237,6 +245,10 @@ class Daemon:
             if not isinstance(req, dict):
                 raise ValueError("a request is a JSON object")
             rid = req.get("id")
+            if req.get("cq_ci"):        # the consumer indexes it piggybacks, before the op
+                self.device.set_cq_ci(conn, req["cq_ci"])
+            if req.get("op") == "cq_ci":
+                return                  # a doorbell: no reply
             rep, fds = self._op(conn, req)
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
@@ -247,15 +259,88 @@ class Daemon:
             rep = {**rep, "id": rid}
         self._send(conn, rep, fds)
 
-    def _send(self, conn: socket.socket, msg: dict, fds: list[int] = ()) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+    def _send(self, conn: Connection, msg: dict, fds: list[int] = ()) -> None:
+        """Never blocks: what the socket does not take now waits in the connection's bounded
+        queue (flushed when the socket is writable); past the bound the connection is cut off."""
+        if conn.closed:
+            return
         try:
-            if fds:
-                conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            else:
-                conn.sendall(data)
+            if not conn.send((json.dumps(msg) + "\n").encode(), fds):
+                self._drop(conn, f"cut off: more than {conn.out.limit >> 20} MiB of output "
+                                 f"unread")
+                return
         except OSError:
-            pass                     # the application went away; its close reclaims it
+            self._drop(conn)            # the application went away
+            return
+        self._want_write(conn)
+
+    def _want_write(self, conn: Connection) -> None:
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if len(conn.out) else 0)
+        if self._sel.get_key(conn).events != want:
+            self._sel.modify(conn, want, conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.sock.accept()
+        except OSError:
+            return
+        conn = Connection(sock)
+        self._sel.register(conn, selectors.EVENT_READ, conn)
+        self.conns.add(conn)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        for line in conn.lines(chunk):
+            if conn.closed:
+                return
+            self._handle(conn, line)
+        if len(conn.inbuf) > MAX_REQUEST_BYTES:
+            conn.inbuf = b""
+            self._send(conn, {"error": "request line too long"})
+
+    def _drop(self, conn: Connection, why: str | None = None) -> None:
+        """The connection ends (the application closed it, or it is cut off): everything it
+        created is reclaimed."""
+        if conn.closed:
+            return
+        if why:
+            self.cut_off += 1
+            print(f"metaroce: application pid {conn.pid} {why}: its QPs, CQs and MRs are "
+                  f"reclaimed", file=sys.stderr, flush=True)
+        self._sel.unregister(conn)
+        self.conns.discard(conn)
+        self.device.release(conn)
+        for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
+            self.rx.del_qp(qpn)       # raw QPs go with their connection
+            del self.raw_qps[qpn]
+        conn.close()
+
+    def _deliver(self) -> None:
+        """Completions and async events to their owners (the daemon's own endpoints keep
+        theirs)."""
+        dev = self.device
+        events = dev.take_async_events()
+        for cq, wcs in dev.take_wcs():
+            if cq.owner is self.persistent:
+                self.persistent.completed(cq, wcs)
+            else:
+                self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+        for owner, ev in events:
+            if owner is self.persistent:
+                continue                # its CQs are consumed at once: they never overrun
+            if ev["type"] == "CQ_ERR":
+                print(f"metaroce: CQ {ev['cq']} of application pid {owner.pid} overran "
+                      f"(cqe {ev['cqe']}): the CQ and its QPs are in ERR",
+                      file=sys.stderr, flush=True)
+            self._send(owner, {"event": "async", **ev})
 
     def serve_forever(self) -> None:
         # a crash in C code leaves a Python traceback in the log too, and a daemon that does
@@ -264,10 +349,10 @@ class Daemon:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
+        self.sock.setblocking(False)         # nothing in the loop may block
         sel.register(self.sock, selectors.EVENT_READ, "listen")
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
-        buffers: dict[socket.socket, bytes] = {}
         dev = self.device
         busy = 0
         try:
@@ -277,46 +362,32 @@ class Daemon:
                 else:
                     dl = dev.next_deadline()
                     timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - time.monotonic()))
-                for key, _ in sel.select(timeout=timeout):
+                for key, mask in sel.select(timeout=timeout):
                     if key.data == "listen":
-                        conn, _ = self.sock.accept()
-                        sel.register(conn, selectors.EVENT_READ, "conn")
-                        buffers[conn] = b""
+                        self._accept()
                         continue
                     if key.data == "ring":
                         continue
-                    conn = key.fileobj
-                    try:
-                        chunk = conn.recv(1 << 20)
-                    except OSError:
-                        chunk = b""
-                    if not chunk:
-                        sel.unregister(conn)
-                        buffers.pop(conn, None)
-                        dev.release(conn)
-                        for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
-                            self.rx.del_qp(qpn)       # raw QPs go with their connection
-                            del self.raw_qps[qpn]
-                        conn.close()
-                        continue
-                    buffers[conn] += chunk
-                    while b"\n" in buffers[conn]:
-                        line, buffers[conn] = buffers[conn].split(b"\n", 1)
-                        self._handle(conn, line)
-                    if len(buffers[conn]) > 16 << 20:
-                        self._send(conn, {"error": "request line too long"})
-                        buffers[conn] = b""
+                    conn = key.data
+                    if mask & selectors.EVENT_WRITE and not conn.closed:
+                        self._send_queued(conn)
+                    if mask & selectors.EVENT_READ and not conn.closed:
+                        self._read(conn)
                 dev.on_events()
                 dev.tick(time.monotonic())
                 busy = dev.transmit()
                 dev.on_events()
-                for cq, wcs in dev.take_wcs():
-                    if cq.owner is self.persistent:
-                        self.persistent.completed(cq.handle, wcs)
-                    else:
-                        self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+                self._deliver()
         finally:
             self.close()
+
+    def _send_queued(self, conn: Connection) -> None:
+        try:
+            conn.out.flush(conn.sock)
+        except OSError:
+            self._drop(conn)
+            return
+        self._want_write(conn)
 
     def close(self) -> None:
         os.close(self.link_fd)              # detaches the program
