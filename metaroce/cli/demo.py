@@ -10,7 +10,7 @@ import time
 import click
 
 from ..errors import MetaroceError
-from ..lab import core, fabric
+from ..lab import core, fabric, procs
 from ..nic import daemon as nicd
 from ..verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC,
                      IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
@@ -150,6 +150,11 @@ def demo(mode, as_json):
     """Two-host lab, XDP RDMA NICs on both; WRITE, READ back, SEND/RECV and atomics; verify."""
     core.preflight()
     if DEMO_LAB in core.state.names() or core.namespaces_of(DEMO_LAB):
+        busy = procs.pids_in(procs.namespace_inodes(core.namespaces_of(DEMO_LAB)))
+        if busy:
+            raise MetaroceError(f"another metaroce demo is running (its lab {DEMO_LAB!r} has "
+                                f"processes: {', '.join(map(str, busy[:5]))}): wait for it, or "
+                                f"stop it with metaroce lab down --name {DEMO_LAB}")
         log("demo: removing a demo lab left by an earlier run")
         core.down(DEMO_LAB)
     t0 = time.monotonic()
@@ -157,15 +162,17 @@ def demo(mode, as_json):
     up_s = time.monotonic() - t0
     try:
         view = core.LabView(DEMO_LAB)
+        lab_progs = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
         res = _run(view, mode)
+        # after `metaroce down` the NIC is gone and the lab's own host-port program is back
         after = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
     finally:
         core.down(DEMO_LAB)
     c = res["counters"]["h2"]
     clean = c["bad_icrc"] == c["malformed"] == 0
-    ok = res["data_ok"] and clean and after == [None, None]
+    ok = res["data_ok"] and clean and after == lab_progs
     doc = {"ok": ok, "lab_xdp_mode": rec["xdp_mode"], "lab_up_s": round(up_s, 3),
-           "nic_detached_after_down": after == [None, None], **res}
+           "nic_detached_after_down": after == lab_progs, **res}
     if as_json:
         emit_json(doc)
         return 0 if ok else 1
