@@ -15,10 +15,9 @@ import time
 import urllib.request
 
 import pytest
+from _deps import require_tool
 
 from metaroce.lab import core
-
-from conftest import have
 
 pytestmark = pytest.mark.root
 METAROCE = os.path.join(os.path.dirname(sys.executable), "metaroce")
@@ -113,8 +112,7 @@ def _send_unknown_qp(ns: str, dst: str) -> None:
 
 
 def test_unit_execstart_and_exporter(lab, tmp_path):
-    if not have("systemd-analyze"):
-        pytest.skip("systemd-analyze missing (tools/setup.sh installs Debian's systemd)")
+    require_tool("systemd-analyze", "Debian's systemd (make setup installs it)")
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "eth0.toml").write_text('dev = "eth0"\nmode = "metaroce"\n')

@@ -1,12 +1,12 @@
 """Prometheus exposition of a daemon status: names, types, labels, parsed by prometheus_client."""
 
 import pytest
+from prometheus_client import parser
 
 from metaroce.deploy import exporter as ex
 from metaroce.errors import UsageError
 from metaroce.nic.stats import DROP_REASONS
 
-parser = pytest.importorskip("prometheus_client.parser")
 
 STATUS = {
     "dev": "eth1", "netns": None, "pid": 42, "mode": "metaroce", "xdp_mode": "native",
