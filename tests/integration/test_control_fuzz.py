@@ -380,7 +380,7 @@ def test_a_zero_length_read_names_no_memory(rig):
         assert not rig.stale
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), recv=st.sampled_from([False, False, False, True]))
 def test_random_work_requests_on_a_live_qp(dev, rig, data, recv):
     """Work requests of any shape on an application's own RTS QP, each checked against what
