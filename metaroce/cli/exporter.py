@@ -28,7 +28,7 @@ def exporter(listen, devs, netnses, once, as_json):
                for i, dv in enumerate(devs)] or None
     collector = ex.Collector(devices)
     if once:
-        click.echo(collector.collect(), nl=False)
+        click.echo(collector.render(), nl=False)
         return 0
     srv = ex.make_server(listen, collector)
     host, port = srv.server_address[:2]

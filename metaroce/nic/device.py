@@ -138,6 +138,8 @@ class Qp:
         self.rttvar = 0.0
         self.backoff = 1                        # RTO-2 doubling until progress
         self.rd_progress = None                 # the kernel's READ response position at the last expiry
+        self.fatal = None                       # (failing WQE, status) of a fatal NAK that waits
+                                                # for the READ responses before it (_on_nak)
         self.stats = {"retransmitted_packets": 0, "local_ack_timeout_err": 0, "rnr_nak_retry": 0,
                       "packet_seq_err_handled": 0, "sent_packets": 0, "sent_bytes": 0,
                       "read_response_packets": 0, "sacks_handled": 0,
@@ -510,6 +512,7 @@ class Device:
         qp.sq.clear()
         qp.pending.clear()
         qp.deadline = None
+        qp.fatal = None
 
     def _go_back(self, qp: Qp, psn: int) -> None:
         for i, w in enumerate(qp.sq):
@@ -792,6 +795,8 @@ class Device:
                         w.done, w.status = True, (WcStatus.LOC_PROT_ERR if e.syndrome else 0)
                         break
                 self._implicit_ack(qp, _add(e.psn, 1))
+                if qp.fatal and not self._responses_due(qp, qp.fatal[0]):
+                    self._flush(qp, *qp.fatal)         # the NAK that waited for it
             elif t == EV_NAK:
                 self._on_nak(qp, e.psn, e.syndrome)
             elif t == EV_RD_GAP:
@@ -897,18 +902,42 @@ class Device:
             self._go_back(qp, psn)
         else:                                          # fatal (RESP-5)
             failing = next((w for w in qp.sq if (psn - w.first_psn) & PSN_MASK < w.npkts), None)
-            self._flush(qp, failing, NAK_STATUS.get(syn, WcStatus.REM_OP_ERR))
+            status = NAK_STATUS.get(syn, WcStatus.REM_OP_ERR)
+            if failing is not None and self._responses_due(qp, failing):
+                # The responder executed every request before the failing one (RESP-10), but
+                # its READ responses come from its daemon and may leave after its kernel sent
+                # this NAK: they complete first, and only later WQEs are flushed (ERR-1). No
+                # new request goes out meanwhile; one RTO bounds the wait.
+                qp.fatal = (failing, status)
+                qp.deadline = time.monotonic() + (self._timer(qp) or 1.0)
+                return
+            self._flush(qp, failing, status)
+
+    @staticmethod
+    def _responses_due(qp: Qp, failing: SendWqe) -> bool:
+        """A READ or atomic posted before `failing` still waits for its response."""
+        for w in qp.sq:
+            if w is failing:
+                return False
+            if not w.done and w.kind not in (MSG_WRITE, MSG_SEND):
+                return True
+        return False
 
     def _answer_read(self, qp: Qp, e) -> None:
-        ent = self.mrs.get(e.rkey)
-        if ent is None or qp.flow is None:
-            return                   # deregistered meanwhile: the requester's retry will fail
-        mr, _, ptr = ent
+        if qp.flow is None:
+            return
+        data = self.ffi.NULL                 # a zero-length READ names no memory: its R_Key
+        if e.len:                            # is not checked, as in InfiniBand
+            ent = self.mrs.get(e.rkey)
+            if ent is None:
+                return               # deregistered meanwhile: the requester's retry will fail
+            mr, _, ptr = ent
+            data = ptr + (e.va - mr.addr)
         m = self.ffi.new("struct mr_roce_msg *")
         m.kind, m.pmtu, m.psn0, m.msn, m.len = MSG_READ_RESP, qp.pmtu, e.psn, e.msn, e.len
         if qp.metaroce:                      # PETH echoes the request's SSN (PLACE-4)
             m.metaroce, m.ssn = 1, e.imm
-        self.responses.append([qp, m, ptr + (e.va - mr.addr) if e.len else self.ffi.NULL, 0])
+        self.responses.append([qp, m, data, 0])
 
     # ---- transmit ----------------------------------------------------------------------
 
@@ -958,6 +987,10 @@ class Device:
                 break
         for qp in self.qps.values():
             if qp.state != "RTS":
+                continue
+            if qp.fatal:                    # waiting for READ responses before a fatal NAK
+                if qp.deadline is not None and now > qp.deadline:
+                    self._flush(qp, *qp.fatal)       # they never came: flushed with the rest
                 continue
             if not (qp.pending or qp.retx or qp.rereads) and qp.cursor[0] >= len(qp.sq) and \
                     (qp.deadline is None or now <= qp.deadline):

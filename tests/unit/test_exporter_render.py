@@ -1,12 +1,12 @@
 """Prometheus exposition of a daemon status: names, types, labels, parsed by prometheus_client."""
 
 import pytest
+from prometheus_client import parser
 
 from metaroce.deploy import exporter as ex
 from metaroce.errors import UsageError
 from metaroce.nic.stats import DROP_REASONS
 
-parser = pytest.importorskip("prometheus_client.parser")
 
 STATUS = {
     "dev": "eth1", "netns": None, "pid": 42, "mode": "metaroce", "xdp_mode": "native",
@@ -28,7 +28,7 @@ def families(text):
 
 
 def render(status=STATUS, dev="eth1", netns=None):
-    reg = ex.Registry()
+    reg = ex.Families()
     ex.add_device(reg, dev, netns, status, 0.002, now=1000.0)
     return reg.render()
 
@@ -97,7 +97,7 @@ def test_a_daemon_that_does_not_answer():
 
 
 def test_two_devices_share_families():
-    reg = ex.Registry()
+    reg = ex.Families()
     ex.add_device(reg, "eth1", None, STATUS, 0.001, now=1000.0)
     ex.add_device(reg, "eth2", "ns\"q\\", STATUS, 0.001, now=1000.0)
     text = reg.render()
@@ -125,3 +125,10 @@ def test_discover(tmp_path):
     for name in (f"net{me}--eth1.sock", f"net{me}--eth1.pid", "host--eth0.sock", "junk.sock"):
         (tmp_path / name).write_text("")
     assert ex.discover(str(tmp_path)) == [DeviceId("eth1")]
+
+
+def test_a_family_keeps_its_label_names():
+    reg = ex.Families()
+    reg.add("qps", "gauge", "h", {"dev": "eth0", "netns": ""}, 1)
+    with pytest.raises(ValueError, match="metaroce_qps"):
+        reg.add("qps", "gauge", "h", {"netns": "", "dev": "eth0"}, 1)
