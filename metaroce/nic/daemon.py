@@ -91,6 +91,17 @@ def _detach_netlink_xdp(ifindex: int) -> None:
         ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1)]})
 
 
+def parse_request(line: bytes) -> tuple[dict, str | None]:
+    """A request line: the object, and the first NaN or ±Infinity in it (Python's json reads
+    them, JSON has none; a NaN passes every range check and fails long after it was accepted,
+    so a request carrying one is refused, by its id)."""
+    constants: list[str] = []
+    req = json.loads(line, parse_constant=lambda name: constants.append(name) or float(name))
+    if not isinstance(req, dict):
+        raise ValueError("a request is a JSON object")
+    return req, (constants[0] if constants else None)
+
+
 def _checked_wrs(wrs) -> list:
     """Work requests are objects whose wr_id fits 64 bits: it is stored in BPF maps when the
     request is sent (a READ's slot), long after the request was accepted."""
@@ -109,6 +120,17 @@ class Daemon:
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
+        if credits is not None:
+            credits.validate()          # before anything is attached
+        self.rx = self.link_fd = self.device = self.sock = None
+        self._created: list[str] = []   # the files this daemon made (socket, pid file)
+        try:
+            self._start(dev, mode, credits)
+        except BaseException:
+            self.close()                # a failed start leaves nothing attached or behind
+            raise
+
+    def _start(self, dev: DeviceId, mode: str, credits: CreditConfig | None) -> None:
         self.dev, self.mode = dev, mode
         self.started = time.time()
         if dev.netns:                    # the daemon lives in its device's namespace
@@ -136,8 +158,10 @@ class Daemon:
         except FileNotFoundError:
             pass
         self.sock.bind(dev.sock_path)
+        self._created.append(dev.sock_path)
         os.chmod(dev.sock_path, 0o660)      # root and the socket's group may use the device
         self.sock.listen(16)
+        self._created.append(dev.pid_path)
         with open(dev.pid_path, "w") as f:
             f.write(str(os.getpid()))
         self._stop = False
@@ -150,6 +174,8 @@ class Daemon:
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "bpf_build": self.rx.build_info,
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
+                "port": self.rx.port_counters(),
+                "destroyed_qp_counters": dict(self.device.destroyed_qp_counters),
                 "tx": self.device.xsk.stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
                             if self.device.credits else {"enabled": False}),
@@ -230,10 +256,10 @@ class Daemon:
         fds: list[int] = []
         rid = None
         try:
-            req = json.loads(line)
-            if not isinstance(req, dict):
-                raise ValueError("a request is a JSON object")
+            req, constant = parse_request(line)
             rid = req.get("id")
+            if constant:
+                raise MetaroceError(f"{constant} is not a number a request may carry")
             rep, fds = self._op(conn, req)
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
@@ -312,47 +338,77 @@ class Daemon:
             self.close()
 
     def close(self) -> None:
-        os.close(self.link_fd)              # detaches the program
-        self.device.close()
-        self.sock.close()
-        for p in (self.dev.sock_path, self.dev.pid_path):
+        """Detach and release everything; also what a start that failed half-way had made."""
+        if self.link_fd is not None:
+            os.close(self.link_fd)          # detaches the program
+            self.link_fd = None
+        if self.device is not None:
+            self.device.close()
+            self.device = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        for p in self._created:
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        self._created = []
         try:                                # a clean stop keeps a log only if it says something
             if os.path.getsize(self.dev.log_path) == 0:
                 os.unlink(self.dev.log_path)
         except OSError:
             pass
-        self.rx.close()
+        if self.rx is not None:
+            self.rx.close()
+            self.rx = None
 
 
 def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[int]]:
-    """One request to a running daemon; returns its reply and any fds it passed."""
+    """One request to a running daemon; returns its reply and any fds it passed. Every failure,
+    an {"error": ...} reply included, is a MetaroceError with one clear line."""
+    where, op = f"{dev.dev}{' in ' + dev.netns if dev.netns else ''}", req.get("op")
+    try:
+        line = (json.dumps(req, allow_nan=False) + "\n").encode()
+    except ValueError:
+        raise MetaroceError(f"{op}: a request cannot carry NaN or an infinity") from None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
+    fds = array.array("i")
+    rep = None
     try:
-        s.connect(dev.sock_path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        raise MetaroceError(f"no MetaRoCE device on {dev.dev}"
-                            f"{' in ' + dev.netns if dev.netns else ''} (start it: metaroce up "
-                            f"--dev {dev.dev})") from None
-    try:
-        s.sendall((json.dumps(req) + "\n").encode())
-        fds = array.array("i")
+        try:
+            s.connect(dev.sock_path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise MetaroceError(f"no MetaRoCE device on {where} (start it: metaroce up "
+                                f"--dev {dev.dev})") from None
+        s.sendall(line)
         data = b""
         while not data.endswith(b"\n"):
             msg, anc, _flags, _addr = s.recvmsg(65536, socket.CMSG_SPACE(16 * fds.itemsize))
             if not msg:
-                break
+                raise MetaroceError(f"the MetaRoCE daemon on {where} closed the connection "
+                                    f"without answering {op}")
             data += msg
             for level, ctype, cdata in anc:
                 if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
                     fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
-        return json.loads(data), list(fds)
+        rep = json.loads(data)
+        if not isinstance(rep, dict):
+            raise MetaroceError(f"the MetaRoCE daemon on {where} answered {op} with {rep!r}")
+        if "error" in rep:
+            raise MetaroceError(f"{op} on {where}: {rep['error']}")
+    except TimeoutError:
+        raise MetaroceError(f"the MetaRoCE daemon on {where} did not answer {op} "
+                            f"within {timeout:g} s") from None
+    except (OSError, ValueError) as exc:    # a refused connection, a reply that is not JSON
+        raise MetaroceError(f"talking to the MetaRoCE daemon on {where}: {exc}") from None
     finally:
         s.close()
+        if not isinstance(rep, dict) or "error" in rep:
+            for fd in fds:                  # nobody will use what came with a failure
+                os.close(fd)
+    return rep, list(fds)
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
@@ -404,7 +460,31 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
     if answer != "ok":
         os.waitpid(child, 0)
         raise MetaroceError(answer.removeprefix("error: "))
-    return request(dev, {"op": "status"})[0]
+    try:
+        return request(dev, {"op": "status"})[0]
+    except BaseException as exc:        # serving, but not well: nothing may stay behind
+        _reap(child)
+        clean_stale(dev)
+        if isinstance(exc, MetaroceError):
+            raise MetaroceError(f"the daemon on {dev.dev} started but failed; it was stopped "
+                                f"({exc})") from None
+        raise
+
+
+def _reap(child: int, timeout_s: float = 5.0) -> None:
+    """Stop a daemon this process forked (SIGTERM, then SIGKILL) and wait for it: once it is
+    gone its BPF link is closed, so its program is detached."""
+    try:
+        os.kill(child, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.waitpid(child, os.WNOHANG) != (0, 0):
+            return
+        time.sleep(0.02)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
 
 
 def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
