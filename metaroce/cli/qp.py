@@ -12,7 +12,8 @@ from ..errors import MetaroceError
 from ..system import require_root
 from .nic import _dev, dev_option, netns_option
 from .output import emit_json, json_option, log
-from .params import QPN, fmt_qpn, parse_uint
+from ..numbers import parse_uint
+from .params import QPN, fmt_qpn
 
 ACCESS_FLAGS = {"local_write": 1, "remote_write": 2, "remote_read": 4, "remote_atomic": 8}
 PMTUS = (256, 512, 1024, 2048, 4096)

@@ -13,7 +13,7 @@ import click
 import pytest
 
 from metaroce.cli import cli, main
-from metaroce.cli.params import parse_qpn, parse_uint
+from metaroce.numbers import parse_qpn, parse_uint
 from metaroce.errors import MetaroceError, UsageError
 from metaroce.lab.plan import parse_rate
 from metaroce.nic import credit
