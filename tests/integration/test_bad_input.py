@@ -222,6 +222,13 @@ class OneErrorReply:
         self.sock.listen(4)
         threading.Thread(target=self._serve, daemon=True).start()
 
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)        # wakes the accept() of the thread
+        except OSError:
+            pass
+        self.sock.close()
+
     def _serve(self):
         while True:
             try:
@@ -259,4 +266,4 @@ def test_commands_exit_non_zero_when_the_daemon_answers_an_error(tmp_path, monke
                 assert "cannot convert float NaN to integer" in err.getvalue()
                 assert "KeyError" not in err.getvalue()
     finally:
-        srv.sock.close()
+        srv.close()

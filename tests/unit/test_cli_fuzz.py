@@ -197,7 +197,14 @@ def query_argv(draw):
         ["fuzz", "--packets", draw(st.sampled_from(["-1", "0", "nan", "x"]))],
         ["perf", draw(st.sampled_from(["write-bw", "nope", ""])), "--dev", NO_SUCH,
          "-s", draw(st.sampled_from(["0", "-1", "1Q", "1e9999", "64", "x"])),
-         "-n", draw(st.sampled_from(["0", "-5", "x"]))],
+         "-n", draw(st.sampled_from(["0", "-5", "x"])),
+         "-D", draw(st.sampled_from(NON_FINITE + ["0", "-1", "0.5", "1e308"]))],
+        ["up", "--dev", NO_SUCH, "--credit-rtt-us", draw(st.sampled_from(NON_FINITE + ["0"])),
+         "--link-rate", draw(st.sampled_from(NON_FINITE + ["1e400gbit", "10gbit", "0"]))],
+        ["lab", "impair", "h1", "--name", NO_SUCH,
+         draw(st.sampled_from(["--loss", "--dup", "--reorder"])), draw(st.sampled_from(NON_FINITE))],
+        ["qp", "connect", draw(st.sampled_from(NON_FINITE + ["0x", "0x1000000", "-0x1"])),
+         "--dev", NO_SUCH, "--remote", "/nonexistent.json"],
     ]
     argv = draw(st.sampled_from(forms))
     if draw(st.booleans()):
@@ -210,8 +217,10 @@ def query_argv(draw):
 def test_queries_against_nothing_fail_cleanly(argv):
     code, out, err = run(argv)
     check_contract(argv, code, out, err)
-    if argv[0] in ("stats", "status", "qp", "lab") and argv[:2] != ["lab", "exec"]:
+    if argv[0] in ("stats", "status", "qp", "lab", "up") and argv[:2] != ["lab", "exec"]:
         assert code != 0, argv
+    if any(a in NON_FINITE for a in argv):
+        assert code == 2, argv          # refused by the parser, before anything ran
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
