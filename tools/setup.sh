@@ -24,6 +24,9 @@ fi
 # users poking at a lab (metaroce lab exec h1 -- ping ...).
 APT_PKGS=(python3-bpfcc linux-headers-amd64 python3-venv python3-dev gcc libbpf1 libbpf-dev iputils-ping
           tshark iperf3 ethtool libisal-dev sockperf)
+# sudo: the README's commands are written `sudo ...` (and tests run them as written); a root
+# shell on a fresh machine may not have it
+APT_PKGS+=(sudo)
 # systemd: systemd-analyze checks the metaroce@.service unit (metaroce install --systemd --verify)
 APT_PKGS+=(systemd)
 missing=()

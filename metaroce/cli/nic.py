@@ -10,13 +10,16 @@ from .output import emit_json, json_option, log
 from .params import QPN, finite, fmt_qpn
 
 dev_option = click.option("--dev", required=True, help="Network interface, e.g. eth0.")
-netns_option = click.option("--netns", default=None, help="Network namespace of the device.")
+netns_option = click.option("--netns", default=None,
+                            help="Network namespace of the device: a name (ip netns) or a path "
+                                 "(/proc/PID/ns/net) [default: this process's].")
 
 
 def _dev(dev, netns):
-    from ..nic.daemon import DeviceId  # noqa: PLC0415 (keep `metaroce --help` fast)
-    if netns and not os.path.exists(f"/var/run/netns/{netns}"):
-        raise MetaroceError(f"no network namespace {netns!r}")
+    """The device DEV in the namespace NETNS (a name as `ip netns` shows, or a path such as
+    /proc/PID/ns/net), or in the caller's own namespace: whichever way the namespace is
+    reached, it is the same device."""
+    from ..nic.devid import DeviceId  # noqa: PLC0415 (keep `metaroce --help` fast)
     return DeviceId(dev, netns)
 
 
@@ -54,13 +57,14 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_p
             raise UsageError(f"--link-rate: {exc}") from None
         cfg = CreditConfig(link_rate_bps=rate, base_rtt_s=credit_rtt_us / 1e6)
     if foreground:
-        if d.running_pid(did):
-            raise MetaroceError(f"a MetaRoCE daemon already runs on {dev}: metaroce down --dev {dev}")
+        pid = d.running_pid(did)
+        if pid:
+            raise MetaroceError(d.already_running(did, pid))
         d.clean_stale(did)
         dm = d.Daemon(did, mode, cfg)
         if as_json:
             emit_json(dm.status())
-        log(f"metaroce: {dev} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
+        log(f"metaroce: {did.where()} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
         from ..deploy.systemd import sd_notify  # noqa: PLC0415
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
@@ -69,7 +73,8 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_p
     if as_json:
         emit_json(st)
     else:
-        log(f"metaroce: {dev} is up ({st['xdp_mode']} XDP: {st['xdp_mode_reason']}; pid {st['pid']})")
+        log(f"metaroce: {did.where()} is up ({st['xdp_mode']} XDP: {st['xdp_mode_reason']}; "
+            f"pid {st['pid']})")
     return 0
 
 
@@ -81,11 +86,12 @@ def down(dev, netns, as_json):
     """Stop the daemon of DEV (its XDP program goes with it)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce down")
-    result = d.stop(_dev(dev, netns))
+    did = _dev(dev, netns)
+    result = d.stop(did)
     if as_json:
         emit_json(result)
     else:
-        log(f"metaroce: {dev} is down")
+        log(f"metaroce: {did.where()} is down")
 
 
 @click.command()
@@ -119,13 +125,14 @@ def stats(dev, netns, qpn, nonzero, as_json):
     from ..nic import daemon as d  # noqa: PLC0415
     from ..nic.stats import device_stats, format_stats  # noqa: PLC0415
     require_root("metaroce stats")
-    st = device_stats(d.request(_dev(dev, netns), {"op": "status"})[0])
+    did = _dev(dev, netns)
+    st = device_stats(d.request(did, {"op": "status"})[0])
     if qpn is not None:
         st["qps"] = [q for q in st["qps"] if q["qpn"] == qpn]
         if not st["qps"]:
-            raise MetaroceError(f"no QP {fmt_qpn(qpn)} on {dev}")
+            raise MetaroceError(f"no QP {fmt_qpn(qpn)} on {did.where()}")
     if as_json:
-        emit_json({"dev": dev, "port": 1, "netns": netns, **st})
+        emit_json({**did.describe(), "port": 1, **st})
         return
     for line in format_stats(dev, st, show_zero=not nonzero):
         click.echo(line)

@@ -25,6 +25,10 @@ class CmError(MetaroceError):
     """A connection could not be made or was lost; the message says why."""
 
 
+class ConnectionRefused(CmError):
+    """Nothing listens at the address (yet): a client may try again."""
+
+
 @contextlib.contextmanager
 def in_netns(name: str | None):
     if not name:

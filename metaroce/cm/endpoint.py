@@ -15,7 +15,7 @@ from ..verbs import CQ, PD, QP, Context, QPCap, QPInitAttr
 from ..wire import consts as C
 from ..wire.headers import CMETH
 from . import negotiate as N
-from .channel import Channel, CmError, tcp_socket
+from .channel import Channel, CmError, ConnectionRefused, tcp_socket
 
 DEFAULT_PORT = 18515             # perftest's default port, the customary RDMA test port
 READY_TIMEOUT_S = 1.0            # CM-4
@@ -133,7 +133,8 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         s.connect((ip, port))
     except ConnectionRefusedError:
         s.close()
-        raise CmError(f"connection refused: nothing listens on {ip} port {port}") from None
+        raise ConnectionRefused(f"connection refused: nothing listens on {ip} port {port}") \
+            from None
     except (socket.timeout, TimeoutError):
         s.close()
         raise CmError(f"unreachable: no answer from {ip} port {port} within {timeout_s} s") \

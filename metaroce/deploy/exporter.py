@@ -206,14 +206,11 @@ def add_device(reg: Registry, dev: str, netns: str | None, status: dict | None,
                 reg.add(f"qp_path_{key}", "counter", help_, pl, int(p.get(key, 0)))
 
 
-def discover(run_dir: str | None = None) -> list[tuple[str, str | None]]:
-    """(dev, netns) of every daemon with a control socket in the run directory."""
-    from ..nic import daemon as d  # noqa: PLC0415
-    out = []
-    for path in sorted(glob.glob(os.path.join(run_dir or d.RUN_DIR, "*--*.sock"))):
-        ns, dev = os.path.basename(path)[:-len(".sock")].rsplit("--", 1)
-        out.append((dev, None if ns == "host" else ns))
-    return out
+def discover(run_dir: str | None = None) -> list:
+    """The DeviceId of every daemon with a control socket in the run directory, in whichever
+    network namespace it runs."""
+    from ..nic.devid import devices_in_run_dir  # noqa: PLC0415
+    return devices_in_run_dir(run_dir)
 
 
 class Collector:
@@ -225,10 +222,13 @@ class Collector:
     def collect(self) -> str:
         from ..nic import daemon as d  # noqa: PLC0415
         reg = Registry()
-        for dev, ns in (self.devices if self.devices else discover()):
+        devices = ([d.DeviceId(dev, ns) for dev, ns in self.devices] if self.devices
+                   else discover())
+        for did in devices:
             t0 = time.monotonic()
+            dev, ns = did.dev, did.netns_name()
             try:
-                status = d.request(d.DeviceId(dev, ns), {"op": "status"}, timeout=self.timeout)[0]
+                status = d.request(did, {"op": "status"}, timeout=self.timeout)[0]
                 if "error" in status:
                     status = None
             except (MetaroceError, OSError, ValueError):

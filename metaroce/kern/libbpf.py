@@ -171,6 +171,12 @@ def xdp_link_create(prog_fd: int, ifindex: int, flags: int = 0) -> int:
                   f"bpf_link_create XDP ifindex {ifindex}")
 
 
+def prog_get_fd_by_id(prog_id: int) -> int:
+    """A new fd for a loaded program, by its kernel id (e.g. one netlink reports attached)."""
+    lib().bpf_prog_get_fd_by_id.argtypes = [ctypes.c_uint32]
+    return _check(lib().bpf_prog_get_fd_by_id(prog_id), f"bpf_prog_get_fd_by_id {prog_id}")
+
+
 def is_bpffs(path: str = "/sys/fs/bpf") -> bool:
     try:
         with open("/proc/mounts") as f:

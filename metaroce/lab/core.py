@@ -8,7 +8,7 @@ import shutil
 from ..errors import MetaroceError, UsageError
 from ..kern import libbpf
 from ..system import import_bcc, require_root
-from . import fabric, netdev, shaping, state
+from . import fabric, netdev, procs, shaping, state
 from .fabric import DIR_IN, DIR_OUT, MAX_PORTS
 from .impair import Impairment, directions
 from .plan import NETNS_PREFIX, LabPlan, plan_lab, validate_name
@@ -81,15 +81,36 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
 
 
 def down(name: str) -> dict:
-    """Remove every namespace, pin and record of a lab; works on half-built labs too."""
+    """Stop every daemon and process running in the lab's namespaces, then remove every
+    namespace, pin and record of the lab; works on half-built labs too."""
     require_root("the lab")
     validate_name(name)
+    inodes = procs.namespace_inodes(namespaces_of(name))
+    daemons = _stop_daemons(inodes)
+    ended = procs.end_all(inodes)
     removed = [ns for ns in namespaces_of(name) if netdev.remove_namespace(ns)]
     pins = fabric.unpin(name)
     had_state = state.remove(name)
     if not (removed or pins or had_state):
         raise MetaroceError(f"no lab named {name!r} exists")
-    return {"name": name, "removed_netns": removed, "removed_pins": pins}
+    return {"name": name, "removed_netns": removed, "removed_pins": pins,
+            "stopped_daemons": daemons, "ended_pids": ended}
+
+
+def _stop_daemons(inodes: set[int]) -> list[dict]:
+    """`metaroce down` for each device daemon in the lab's namespaces (a clean stop: its
+    files go, and what it displaced on the interface is put back before the namespace goes)."""
+    from ..nic import daemon as nicd  # noqa: PLC0415
+    from ..nic.devid import devices_in_run_dir  # noqa: PLC0415
+    out = []
+    for dev in devices_in_run_dir():
+        if dev.inode in inodes:
+            try:
+                r = nicd.stop(dev)
+            except MetaroceError:
+                continue
+            out.append({"dev": dev.dev, "netns": r.get("netns"), "pid": r.get("stopped")})
+    return out
 
 
 def down_all() -> list[dict]:

@@ -9,73 +9,61 @@ connection created is reclaimed when it closes."""
 from __future__ import annotations
 
 import array
+import dataclasses
+import faulthandler
 import json
 import os
 import selectors
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
 from ..errors import MetaroceError
 from ..kern import libbpf
-from pyroute2 import netns as _netns
 
+from . import xdpslot
+from .clients import MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, Connection
 from .credit import CreditConfig, link_speed_bps
+from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
 from .rx import RxPath
 
-RUN_DIR = os.environ.get("METAROCE_RUN_DIR", "/run/metaroce/nic")
-
-
-@dataclass(frozen=True)
-class DeviceId:
-    """A device is named by its network namespace (None = the caller's) and interface."""
-    dev: str
-    netns: str | None = None
-
-    @property
-    def tag(self) -> str:
-        return f"{self.netns or 'host'}--{self.dev}"
-
-    @property
-    def sock_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.sock")
-
-    @property
-    def pid_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.pid")
-
-    @property
-    def log_path(self) -> str:
-        return os.path.join(RUN_DIR, f"{self.tag}.log")
 
 
 def running_pid(dev: DeviceId) -> int | None:
+    """The daemon's pid, if its pid file names a live process in the device's namespace (a
+    stale file's pid may have been reused by anything)."""
     try:
         pid = int(open(dev.pid_path).read().strip())
     except (OSError, ValueError):
         return None
     try:
-        os.kill(pid, 0)
         with open(f"/proc/{pid}/stat") as f:
             if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                 return None                 # dead, not yet reaped by its parent
-    except (ProcessLookupError, FileNotFoundError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    if process_netns_inode(pid) != dev.inode:
         return None
     return pid
 
 
 def clean_stale(dev: DeviceId) -> bool:
-    """Remove the pid file and socket of a daemon that is gone; True if there was any."""
+    """Remove the pid file and socket of a daemon that is gone and put back the XDP program it
+    had taken the interface's slot from; True if there was anything to clean."""
     if running_pid(dev) is not None:
         return False
     found = False
+    if os.path.exists(dev.restore_path):
+        found = True
+        _in_netns_of(dev, xdpslot.put_back, dev.restore_path)
     for p in (dev.pid_path, dev.sock_path):
         try:
             os.unlink(p)
@@ -85,10 +73,23 @@ def clean_stale(dev: DeviceId) -> bool:
     return found
 
 
-def _detach_netlink_xdp(ifindex: int) -> None:
-    """A netlink-attached program (e.g. the lab's pass-through) blocks link attachment."""
-    with IPRoute() as ipr:
-        ipr.link("set", index=ifindex, xdp={"attrs": [("IFLA_XDP_FD", -1)]})
+def _in_netns_of(dev: DeviceId, fn, *args):
+    """fn(*args) in a thread inside dev's namespace (the caller's own thread stays where it
+    is); nothing is done when the namespace cannot be entered any more."""
+    if dev.is_callers:
+        return fn(*args)
+    out: list = []
+
+    def run():
+        try:
+            enter(dev)
+        except (MetaroceError, OSError):
+            return
+        out.append(fn(*args))
+    t = threading.Thread(target=run, name="metaroce-netns")
+    t.start()
+    t.join()
+    return out[0] if out else None
 
 
 def parse_request(line: bytes) -> tuple[dict, str | None]:
@@ -122,7 +123,9 @@ class Daemon:
             raise MetaroceError("--mode must be roce or metaroce")
         if credits is not None:
             credits.validate()          # before anything is attached
+        self.dev, self.mode = dev, mode
         self.rx = self.link_fd = self.device = self.sock = None
+        self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
         self._created: list[str] = []   # the files this daemon made (socket, pid file)
         try:
             self._start(dev, mode, credits)
@@ -131,19 +134,17 @@ class Daemon:
             raise
 
     def _start(self, dev: DeviceId, mode: str, credits: CreditConfig | None) -> None:
-        self.dev, self.mode = dev, mode
         self.started = time.time()
-        if dev.netns:                    # the daemon lives in its device's namespace
-            _netns.setns(dev.netns)
+        enter(dev)                       # the daemon lives in its device's namespace
         try:
             self.ifindex = socket.if_nametoindex(dev.dev)
         except OSError:
-            raise MetaroceError(f"no interface {dev.dev}"
-                                f"{' in ' + dev.netns if dev.netns else ''}") from None
+            raise MetaroceError(f"no interface {dev.where()}") from None
         self.rx = RxPath()
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-        _detach_netlink_xdp(self.ifindex)
+        self.displaced = xdpslot.take_over(self.ifindex, dev.restore_path)
+        self.took_slot = True
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
         self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
         if credits is not None:
@@ -167,9 +168,11 @@ class Daemon:
         self._stop = False
         self.persistent = Endpoints()
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
+        self.conns: set[Connection] = set()
+        self.cut_off = 0                         # connections cut off for not reading
 
     def status(self) -> dict:
-        return {"dev": self.dev.dev, "netns": self.dev.netns, "pid": os.getpid(),
+        return {**self.dev.describe(), "pid": os.getpid(),
                 "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "bpf_build": self.rx.build_info,
@@ -179,6 +182,10 @@ class Daemon:
                 "tx": self.device.xsk.stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
                             if self.device.credits else {"enabled": False}),
+                "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
+                            "max_output_bytes": MAX_OUTPUT_BYTES},
+                "cqs": [c.describe() for c in self.device.cqs.values()
+                        if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
 
     def _op(self, conn, req: dict) -> tuple[dict, list[int]]:
@@ -211,7 +218,8 @@ class Daemon:
             d.dereg_mr(conn, int(req["key"]))
             return {"ok": True}, []
         if op == "create_cq":
-            return {"cq": d.create_cq(conn, int(req.get("depth", 1024)))}, []
+            cq = d.create_cq(conn, int(req.get("cqe", 1024)))
+            return {"cq": cq.handle, "cqe": cq.cqe, "ci_every": cq.report_every}, []
         if op == "create_qp":
             qp = d.create_qp(conn, int(req["pd"]), int(req["send_cq"]), int(req["recv_cq"]),
                              dict(req.get("cap", {})))
@@ -252,7 +260,7 @@ class Daemon:
             return self.rx.qp_state(qpn), []
         return {"error": f"unknown op {op!r}"}, []
 
-    def _handle(self, conn: socket.socket, line: bytes) -> None:
+    def _handle(self, conn: Connection, line: bytes) -> None:
         fds: list[int] = []
         rid = None
         try:
@@ -260,6 +268,10 @@ class Daemon:
             rid = req.get("id")
             if constant:
                 raise MetaroceError(f"{constant} is not a number a request may carry")
+            if req.get("cq_ci"):        # the consumer indexes it piggybacks, before the op
+                self.device.set_cq_ci(conn, req["cq_ci"])
+            if req.get("op") == "cq_ci":
+                return                  # a doorbell: no reply
             rep, fds = self._op(conn, req)
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
@@ -270,23 +282,100 @@ class Daemon:
             rep = {**rep, "id": rid}
         self._send(conn, rep, fds)
 
-    def _send(self, conn: socket.socket, msg: dict, fds: list[int] = ()) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+    def _send(self, conn: Connection, msg: dict, fds: list[int] = ()) -> None:
+        """Never blocks: what the socket does not take now waits in the connection's bounded
+        queue (flushed when the socket is writable); past the bound the connection is cut off."""
+        if conn.closed:
+            return
         try:
-            if fds:
-                conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            else:
-                conn.sendall(data)
+            if not conn.send((json.dumps(msg) + "\n").encode(), fds):
+                self._drop(conn, f"cut off: more than {conn.out.limit >> 20} MiB of output "
+                                 f"unread")
+                return
         except OSError:
-            pass                     # the application went away; its close reclaims it
+            self._drop(conn)            # the application went away
+            return
+        self._want_write(conn)
+
+    def _want_write(self, conn: Connection) -> None:
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if len(conn.out) else 0)
+        if self._sel.get_key(conn).events != want:
+            self._sel.modify(conn, want, conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.sock.accept()
+        except OSError:
+            return
+        conn = Connection(sock)
+        self._sel.register(conn, selectors.EVENT_READ, conn)
+        self.conns.add(conn)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn)
+            return
+        for line in conn.lines(chunk):
+            if conn.closed:
+                return
+            self._handle(conn, line)
+        if len(conn.inbuf) > MAX_REQUEST_BYTES:
+            conn.inbuf = b""
+            self._send(conn, {"error": "request line too long"})
+
+    def _drop(self, conn: Connection, why: str | None = None) -> None:
+        """The connection ends (the application closed it, or it is cut off): everything it
+        created is reclaimed."""
+        if conn.closed:
+            return
+        if why:
+            self.cut_off += 1
+            print(f"metaroce: application pid {conn.pid} {why}: its QPs, CQs and MRs are "
+                  f"reclaimed", file=sys.stderr, flush=True)
+        self._sel.unregister(conn)
+        self.conns.discard(conn)
+        self.device.release(conn)
+        for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
+            self.rx.del_qp(qpn)       # raw QPs go with their connection
+            del self.raw_qps[qpn]
+        conn.close()
+
+    def _deliver(self) -> None:
+        """Completions and async events to their owners (the daemon's own endpoints keep
+        theirs)."""
+        dev = self.device
+        events = dev.take_async_events()
+        for cq, wcs in dev.take_wcs():
+            if cq.owner is self.persistent:
+                self.persistent.completed(cq, wcs)
+            else:
+                self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+        for owner, ev in events:
+            if owner is self.persistent:
+                continue                # its CQs are consumed at once: they never overrun
+            if ev["type"] == "CQ_ERR":
+                print(f"metaroce: CQ {ev['cq']} of application pid {owner.pid} overran "
+                      f"(cqe {ev['cqe']}): the CQ and its QPs are in ERR",
+                      file=sys.stderr, flush=True)
+            self._send(owner, {"event": "async", **ev})
 
     def serve_forever(self) -> None:
+        # a crash in C code leaves a Python traceback in the log too, and a daemon that does
+        # not stop when asked leaves its threads' stacks there before it is killed (`stop`)
+        faulthandler.enable()
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         signal.signal(signal.SIGINT, lambda *_: setattr(self, "_stop", True))
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
+        self.sock.setblocking(False)         # nothing in the loop may block
         sel.register(self.sock, selectors.EVENT_READ, "listen")
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
-        buffers: dict[socket.socket, bytes] = {}
         dev = self.device
         busy = 0
         try:
@@ -296,52 +385,41 @@ class Daemon:
                 else:
                     dl = dev.next_deadline()
                     timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - time.monotonic()))
-                for key, _ in sel.select(timeout=timeout):
+                for key, mask in sel.select(timeout=timeout):
                     if key.data == "listen":
-                        conn, _ = self.sock.accept()
-                        sel.register(conn, selectors.EVENT_READ, "conn")
-                        buffers[conn] = b""
+                        self._accept()
                         continue
                     if key.data == "ring":
                         continue
-                    conn = key.fileobj
-                    try:
-                        chunk = conn.recv(1 << 20)
-                    except OSError:
-                        chunk = b""
-                    if not chunk:
-                        sel.unregister(conn)
-                        buffers.pop(conn, None)
-                        dev.release(conn)
-                        for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
-                            self.rx.del_qp(qpn)       # raw QPs go with their connection
-                            del self.raw_qps[qpn]
-                        conn.close()
-                        continue
-                    buffers[conn] += chunk
-                    while b"\n" in buffers[conn]:
-                        line, buffers[conn] = buffers[conn].split(b"\n", 1)
-                        self._handle(conn, line)
-                    if len(buffers[conn]) > 16 << 20:
-                        self._send(conn, {"error": "request line too long"})
-                        buffers[conn] = b""
+                    conn = key.data
+                    if mask & selectors.EVENT_WRITE and not conn.closed:
+                        self._send_queued(conn)
+                    if mask & selectors.EVENT_READ and not conn.closed:
+                        self._read(conn)
                 dev.on_events()
                 dev.tick(time.monotonic())
                 busy = dev.transmit()
                 dev.on_events()
-                for cq, wcs in dev.take_wcs():
-                    if cq.owner is self.persistent:
-                        self.persistent.completed(cq.handle, wcs)
-                    else:
-                        self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+                self._deliver()
         finally:
             self.close()
+
+    def _send_queued(self, conn: Connection) -> None:
+        try:
+            conn.out.flush(conn.sock)
+        except OSError:
+            self._drop(conn)
+            return
+        self._want_write(conn)
 
     def close(self) -> None:
         """Detach and release everything; also what a start that failed half-way had made."""
         if self.link_fd is not None:
             os.close(self.link_fd)          # detaches the program
             self.link_fd = None
+        if self.took_slot:
+            xdpslot.put_back(self.dev.restore_path)
+            self.took_slot = False
         if self.device is not None:
             self.device.close()
             self.device = None
@@ -364,10 +442,19 @@ class Daemon:
             self.rx = None
 
 
+def not_running(dev: DeviceId) -> str:
+    return f"no MetaRoCE device on {dev.where()} (start it: metaroce up {dev.args()})"
+
+
+def already_running(dev: DeviceId, pid: int) -> str:
+    return (f"a MetaRoCE daemon already runs on {dev.where()} (pid {pid}): "
+            f"metaroce down {dev.args()}")
+
+
 def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[int]]:
     """One request to a running daemon; returns its reply and any fds it passed. Every failure,
     an {"error": ...} reply included, is a MetaroceError with one clear line."""
-    where, op = f"{dev.dev}{' in ' + dev.netns if dev.netns else ''}", req.get("op")
+    where, op = dev.where(), req.get("op")
     try:
         line = (json.dumps(req, allow_nan=False) + "\n").encode()
     except ValueError:
@@ -380,8 +467,7 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
         try:
             s.connect(dev.sock_path)
         except (FileNotFoundError, ConnectionRefusedError):
-            raise MetaroceError(f"no MetaRoCE device on {where} (start it: metaroce up "
-                                f"--dev {dev.dev})") from None
+            raise MetaroceError(not_running(dev)) from None
         s.sendall(line)
         data = b""
         while not data.endswith(b"\n"):
@@ -412,79 +498,79 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
-    """Fork a daemon for dev, wait until it serves (or report why it could not), return its
-    status."""
+    """Start a daemon for dev in a process of its own (a fresh interpreter: see
+    daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
+    not), return its status."""
+    if credits is not None:
+        credits.validate()              # a NaN never reaches the daemon's command line
     pid = running_pid(dev)
     if pid:
-        raise MetaroceError(f"a MetaRoCE daemon already runs on {dev.dev} (pid {pid}): "
-                            f"metaroce down --dev {dev.dev}")
+        raise MetaroceError(already_running(dev, pid))
     clean_stale(dev)
+    os.makedirs(RUN_DIR, exist_ok=True)
     rfd, wfd = os.pipe()
-    child = os.fork()
-    if child == 0:                      # the daemon
-        os.close(rfd)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        os.makedirs(RUN_DIR, exist_ok=True)
-        log = os.open(dev.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.dup2(log, 2)                 # a crash's traceback lands in the device's log
-        # inherit nothing else: a copy of the caller's descriptors (another device's MR maps,
-        # sockets, BPF objects) would keep them alive as long as this daemon lives
-        os.closerange(3, wfd)
-        os.closerange(wfd + 1, 1 << 16)
-        # and Python's own streams must be the new 0-2, not whatever the caller's were (a test
-        # runner's capture files, closed just now)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
-        try:
-            dm = Daemon(dev, mode, credits)
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
-            os.write(wfd, f"error: {exc}".encode())
-            os._exit(1)
-        os.write(wfd, b"ok")
+    cmd = [sys.executable, "-m", "metaroce.nic.daemon_proc", "--dev", dev.dev,
+           "--netns-inode", str(dev.inode), "--mode", mode, "--ready-fd", str(wfd)]
+    if dev.netns is not None:
+        cmd += ["--netns", dev.netns]
+    if credits is not None:
+        cmd += ["--credits", json.dumps(dataclasses.asdict(credits))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [_package_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    try:
+        with open(dev.log_path, "wb") as log:
+            os.chmod(dev.log_path, 0o640)
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=log, pass_fds=(wfd,), start_new_session=True,
+                                     env=env, cwd="/")
+    finally:
         os.close(wfd)
-        code = 0
-        try:
-            dm.serve_forever()
-        except BaseException:  # noqa: BLE001 (the log keeps the traceback)
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(wfd)
-    answer = os.read(rfd, 4096).decode() or "error: the daemon died while starting"
-    os.close(rfd)
+    with os.fdopen(rfd, "rb") as r:
+        answer = r.read(4096).decode(errors="replace")
     if answer != "ok":
-        os.waitpid(child, 0)
+        child.wait()
+        if not answer:
+            answer = "error: the daemon died while starting: " + _last_line(dev.log_path)
         raise MetaroceError(answer.removeprefix("error: "))
     try:
-        return request(dev, {"op": "status"})[0]
+        st = request(dev, {"op": "status"})[0]
     except BaseException as exc:        # serving, but not well: nothing may stay behind
-        _reap(child)
+        _stop_child(child)
         clean_stale(dev)
         if isinstance(exc, MetaroceError):
-            raise MetaroceError(f"the daemon on {dev.dev} started but failed; it was stopped "
-                                f"({exc})") from None
+            raise MetaroceError(f"the daemon on {dev.where()} started but failed; it was "
+                                f"stopped ({exc})") from None
         raise
+    _children.append(child)                 # reaped by stop(), or when this process exits
+    return st
 
 
-def _reap(child: int, timeout_s: float = 5.0) -> None:
-    """Stop a daemon this process forked (SIGTERM, then SIGKILL) and wait for it: once it is
-    gone its BPF link is closed, so its program is detached."""
+def _stop_child(child: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """Stop a daemon this process started (SIGTERM, then SIGKILL) and reap it: once it is gone
+    its BPF link is closed, so its program is detached."""
+    child.terminate()
     try:
-        os.kill(child, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if os.waitpid(child, os.WNOHANG) != (0, 0):
-            return
-        time.sleep(0.02)
-    os.kill(child, signal.SIGKILL)
-    os.waitpid(child, 0)
+        child.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+_children: list[subprocess.Popen] = []
+
+
+def _package_root() -> str:
+    """The directory that holds this `metaroce` package (the daemon imports the same code)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [l.strip() for l in f if l.strip()]
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "(its log is empty)"
 
 
 def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
@@ -492,17 +578,24 @@ def stop(dev: DeviceId, timeout_s: float = 5.0) -> dict:
     pid = running_pid(dev)
     if pid is None:
         if clean_stale(dev):
-            return {"dev": dev.dev, "stopped": None, "cleaned_stale": True}
-        raise MetaroceError(f"no MetaRoCE daemon runs on {dev.dev}")
+            return {**dev.describe(), "stopped": None, "cleaned_stale": True}
+        raise MetaroceError(f"no MetaRoCE daemon runs on {dev.where()}")
     os.kill(pid, signal.SIGTERM)
     deadline = time.time() + timeout_s
     while running_pid(dev) is not None and time.time() < deadline:
         time.sleep(0.05)
     if running_pid(dev) is not None:
+        os.kill(pid, signal.SIGUSR1)        # its stacks to its log: where was it stuck?
+        time.sleep(0.2)
+        print(f"metaroce: the daemon of {dev.where()} (pid {pid}) did not stop within "
+              f"{timeout_s:g} s of SIGTERM: killed; its stacks are in {dev.log_path}",
+              file=sys.stderr, flush=True)
         os.kill(pid, signal.SIGKILL)
-        clean_stale(dev)
-    try:
-        os.waitpid(pid, os.WNOHANG)     # reap it when it is our child
-    except ChildProcessError:
-        pass
-    return {"dev": dev.dev, "stopped": pid, "cleaned_stale": False}
+        deadline = time.time() + 5
+        while running_pid(dev) is not None and time.time() < deadline:
+            time.sleep(0.02)
+    for c in [c for c in _children if c.pid == pid]:
+        c.wait()                         # our child: reap it
+        _children.remove(c)
+    clean_stale(dev)                    # a daemon killed on the way out left its files
+    return {**dev.describe(), "stopped": pid, "cleaned_stale": False}

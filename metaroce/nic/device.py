@@ -13,13 +13,14 @@ import secrets
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..engine.wr import WcStatus
 from ..errors import MetaroceError
 from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
 from ..wire.consts import SACK_F_ECE
+from .cq import MAX_CQE, Cq, checked_cqe
 from .credit import CreditConfig, CreditGranter
 from .paths import MAX_DP_PATHS, PathSet
 from .rx import (CREDIT_VALID, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
@@ -51,7 +52,7 @@ RTO_MIN_S = 1e-3
 INITIAL_CREDIT_PKTS = 2         # CC-8: what a MetaRoCE sender may send before the first SACK
 MAX_MSG = 1 << 31
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
-                 "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
+                 "max_cqe": MAX_CQE, "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
                  "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
                  "max_msg_sz": MAX_MSG, "max_srq": 0, "atomic_cap": "ATOMIC_HCA",
                  "max_recv_wr": RQ_DEPTH, "max_paths": 8}
@@ -75,14 +76,6 @@ def rnr_timer_s(code: int) -> float:
              2.56, 3.84, 5.12, 7.68, 10.24, 15.36, 20.48, 30.72, 40.96, 61.44, 81.92, 122.88,
              163.84, 245.76, 327.68, 491.52)
     return table[code & 31] / 1000
-
-
-@dataclass
-class Cq:
-    handle: int
-    owner: object
-    depth: int
-    wcs: list = field(default_factory=list)
 
 
 @dataclass
@@ -184,6 +177,7 @@ class Device:
         self.responses: deque = deque()          # READ responses to send: (qp, msg, ptr, next)
         self._next_handle = 1
         self.dirty_cqs: set[int] = set()
+        self.overrun_cqs: list[Cq] = []          # overran since the last take_async_events
 
     # ---- resources ---------------------------------------------------------------------
 
@@ -221,10 +215,17 @@ class Device:
         self.ffi.release(ent[2])        # the C view of the memory first, then the kernel's
         self.rx.dereg_mr(ent[0])
 
-    def create_cq(self, owner, depth: int) -> int:
+    def create_cq(self, owner, cqe: int) -> Cq:
+        if len(self.cqs) >= DEVICE_LIMITS["max_cq"]:
+            raise MetaroceError(f"too many CQs (max_cq {DEVICE_LIMITS['max_cq']})")
         h = self._handle()
-        self.cqs[h] = Cq(h, owner, depth)
-        return h
+        self.cqs[h] = Cq(h, owner, checked_cqe(cqe))
+        return self.cqs[h]
+
+    def set_cq_ci(self, owner, updates) -> None:
+        """The owner's consumer indexes: [[cq handle, completions polled so far], ...]."""
+        for h, ci in updates:
+            self._own_cq(owner, int(h)).set_consumer_index(int(ci))
 
     def _own_cq(self, owner, h: int) -> Cq:
         cq = self.cqs.get(h)
@@ -364,6 +365,7 @@ class Device:
             self._dereg(self.mrs.pop(key))
         for h in [h for h, c in self.cqs.items() if c.owner is owner]:
             del self.cqs[h]
+        self.overrun_cqs = [c for c in self.overrun_cqs if c.owner is not owner]
         for h in [h for h, o in self.pds.items() if o is owner]:
             del self.pds[h]
         self.responses = deque(r for r in self.responses if r[0].owner is not owner)
@@ -473,8 +475,12 @@ class Device:
     # ---- completions -------------------------------------------------------------------
 
     def _wc(self, cq: Cq, wc: dict) -> None:
-        cq.wcs.append(wc)
-        self.dirty_cqs.add(cq.handle)
+        was_overrun = cq.overrun
+        if cq.produce(wc):
+            self.dirty_cqs.add(cq.handle)
+        elif not was_overrun:                    # it overran just now: settled by
+            self.overrun_cqs.append(cq)          # take_async_events, not in the middle of
+                                                 # retiring or flushing a QP
 
     def _complete_send(self, qp: Qp, w: SendWqe, status: int) -> None:
         if w.signaled or status:
@@ -1142,9 +1148,26 @@ class Device:
         for h in self.dirty_cqs:
             cq = self.cqs.get(h)
             if cq is not None and cq.wcs:
-                out.append((cq, cq.wcs))
-                cq.wcs = []
+                out.append((cq, cq.take()))
         self.dirty_cqs.clear()
+        return out
+
+    def take_async_events(self) -> list[tuple[object, dict]]:
+        """Settle the CQs that overran (as in verbs): each QP using one goes to ERR (its work
+        flushed, its responder dropping every request as after a fatal error); returns the
+        async events for their owners, IBV_EVENT_CQ_ERR and IBV_EVENT_QP_FATAL."""
+        out = []
+        while self.overrun_cqs:
+            cq = self.overrun_cqs.pop(0)
+            if self.cqs.get(cq.handle) is not cq:
+                continue                         # destroyed meanwhile
+            out.append((cq.owner, {"type": "CQ_ERR", "cq": cq.handle, "cqe": cq.cqe}))
+            for qp in list(self.qps.values()):
+                if (qp.send_cq is cq or qp.recv_cq is cq) and qp.state != "ERR":
+                    self._flush(qp, None)        # may overrun its other CQ: settled in turn
+                    self.rx.set_qp_error(qp.qpn)
+                    out.append((qp.owner, {"type": "QP_FATAL", "qp_num": qp.qpn,
+                                           "cq": cq.handle}))
         return out
 
     def qp_stats(self, qp: Qp) -> dict:

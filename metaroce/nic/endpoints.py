@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import MetaroceError
+from .rx import RQ_DEPTH
 
 KEEP_WCS = 256          # completions kept per endpoint for `metaroce qp show`
 
@@ -34,7 +35,9 @@ class Endpoints:
         cq = None
         try:
             mr = dev.reg_mr(self, pd, mr_bytes, access)
-            cq = dev.create_cq(self, int(cap.get("cqe", 1024)))
+            # room for every work request it can have outstanding: never overrun
+            cq = dev.create_cq(self, int(cap.get("max_send_wr", 1024)) +
+                               min(int(cap.get("max_recv_wr", RQ_DEPTH)), RQ_DEPTH)).handle
             qp = dev.create_qp(self, pd, cq, cq, cap)
         except MetaroceError:
             if cq is not None:
@@ -60,11 +63,14 @@ class Endpoints:
         dev.release_pd(self, ep.pd)
         del self.by_qpn[qpn]
 
-    def completed(self, cq: int, wcs: list) -> None:
+    def completed(self, cq, wcs: list) -> None:
+        """The daemon is the consumer of its endpoints' CQs: it keeps the last KEEP_WCS
+        completions of each and consumes every one at once."""
         for ep in self.by_qpn.values():
-            if ep.cq == cq:
+            if ep.cq == cq.handle:
                 ep.wcs.extend(wcs)
                 ep.completed += len(wcs)
+        cq.set_consumer_index(cq.produced)
 
     def describe(self, dev) -> list[dict]:
         out = []

@@ -125,6 +125,17 @@ class RxPath:
             self.set_sq_psn(qpn, sq_psn)
         self._qps[self._qps.Key(qpn)] = leaf
 
+    def set_qp_error(self, qpn: int) -> None:
+        """The responder side of the QP to ERR, as after a fatal NAK: every request is dropped
+        (counted qp_error). ERR is final, so a concurrent update by the program is moot."""
+        key = self._qps.Key(qpn)
+        try:
+            leaf = self._qps[key]
+        except KeyError:
+            return                             # never connected: nothing in the kernel
+        leaf.state = QP_RX_ERROR
+        self._qps[key] = leaf
+
     def set_sq_psn(self, qpn: int, psn: int) -> None:
         """The next PSN the requester will send: ACKs beyond it are forged (RESP-12)."""
         libbpf.map_update_raw(self._sq_fd, struct.pack("=I", qpn), struct.pack("=I", psn))

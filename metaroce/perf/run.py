@@ -216,13 +216,33 @@ def _pong_send(s: Side, size: int, iters: int) -> None:
 
 # ---- client ----------------------------------------------------------------------------------
 
+SERVER_WAIT_S = 10.0          # a client started with (or just after) its server waits for it
+
+
+def _connect(s: Side, o: Options, log) -> cm.Connection:
+    """Connect to the server, waiting up to SERVER_WAIT_S for it to listen (the two sides are
+    started together, as perftest's are, and the server may not have bound its port yet)."""
+    deadline = time.monotonic() + SERVER_WAIT_S
+    said = False
+    while True:
+        try:
+            return cm.connect(s.ctx, o.address, o.port, pd=s.pd, send_cq=s.cq,
+                              cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
+                              mode=o.mode, private_data=s.private(), timeout_s=10)
+        except cm.ConnectionRefused:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                log(f"perf: waiting for the server at {o.address} port {o.port}")
+                said = True
+            time.sleep(0.1)
+
+
 def run_client(o: Options, log=lambda m: None) -> dict:
     s = Side(o)
     try:
         for _ in range(o.qps):
-            s.conns.append(cm.connect(s.ctx, o.address, o.port, pd=s.pd, send_cq=s.cq,
-                                      cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
-                                      mode=o.mode, private_data=s.private(), timeout_s=10))
+            s.conns.append(_connect(s, o, log))
         info = s.info()
         results = []
         for size in o.sizes():

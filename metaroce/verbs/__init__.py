@@ -14,10 +14,10 @@ An application talks to the device's daemon over its control socket; registered 
 shared with the kernel data path (mr.buf is the application's writable view of it).
 """
 
-from .api import (CQ, MR, PD, QP, Context, QPCap, QPInitAttr, RecvWR, SendWR, WC, WcError,
+from .api import (CQ, MR, PD, QP, AsyncEvent, Context, QPCap, QPInitAttr, RecvWR, SendWR, WC, WcError,
                   wc_status_str)
 from .enums import *  # noqa: F403
 from .enums import __all__ as _enums
 
 __all__ = ["Context", "PD", "MR", "CQ", "QP", "QPCap", "QPInitAttr", "SendWR", "RecvWR", "WC",
-           "WcError", "wc_status_str", *_enums]
+           "WcError", "AsyncEvent", "wc_status_str", *_enums]

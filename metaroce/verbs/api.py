@@ -16,12 +16,22 @@ from dataclasses import dataclass, field
 
 from ..engine.wr import WcStatus
 from ..errors import MetaroceError
-from ..nic.daemon import DeviceId
-from .enums import IBV_SEND_INLINE, IBV_SEND_SIGNALED
+from ..nic.daemon import not_running
+from ..nic.devid import DeviceId
+from .enums import IBV_EVENT_CQ_ERR, IBV_SEND_INLINE, IBV_SEND_SIGNALED
 
 
 class WcError(MetaroceError):
     """A work completion with an error status."""
+
+
+@dataclass
+class AsyncEvent:
+    """An affiliated asynchronous event (ibv_async_event): event_type is IBV_EVENT_CQ_ERR (cq
+    names the CQ) or IBV_EVENT_QP_FATAL (qp_num names the QP, cq the CQ that caused it)."""
+    event_type: str
+    cq: int | None = None
+    qp_num: int | None = None
 
 
 def wc_status_str(status: int) -> str:
@@ -42,31 +52,44 @@ class Context:
             self._s.connect(self.dev.sock_path)
         except (FileNotFoundError, ConnectionRefusedError):
             self._s.close()
-            raise MetaroceError(f"no MetaRoCE device on {name}"
-                                f"{' in ' + netns if netns else ''} (start it: metaroce up "
-                                f"--dev {name})") from None
+            raise MetaroceError(not_running(self.dev)) from None
         except PermissionError:
             self._s.close()
-            raise MetaroceError(f"not allowed to use the device on {name}: the control socket "
+            raise MetaroceError(f"not allowed to use the device {self.dev.where()}: the control socket "
                                 f"{self.dev.sock_path} is for root and its group") from None
         self._buf = b""
         self._fds: deque[int] = deque()
         self._replies: dict[int, tuple[dict, list]] = {}
         self._next = 0
         self._cqs: dict[int, CQ] = {}
+        self._async: deque[AsyncEvent] = deque()
         self.closed = False
 
     # -- transport --
+    def _lost(self):
+        self.closed = True
+        raise MetaroceError(f"the MetaRoCE daemon of {self.dev.where()} closed the connection: it "
+                            f"stopped, or it cut this application off for leaving more than "
+                            f"its output bound unread (see the device's log)")
+
+    def _write(self, msg: dict) -> None:
+        try:
+            self._s.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            self._lost()
+
     def _pump(self, timeout: float | None) -> bool:
         """Read what the daemon sent (waiting up to timeout); False on timeout."""
         r, _, _ = select.select([self._s], [], [], timeout)
         if not r:
             return False
         fds = array.array("i")
-        msg, anc, _f, _a = self._s.recvmsg(1 << 20, socket.CMSG_SPACE(16 * fds.itemsize))
+        try:
+            msg, anc, _f, _a = self._s.recvmsg(1 << 20, socket.CMSG_SPACE(16 * fds.itemsize))
+        except ConnectionResetError:
+            msg = b""
         if not msg:
-            self.closed = True
-            raise MetaroceError(f"the MetaRoCE daemon on {self.dev.dev} went away")
+            self._lost()
         for level, ctype, cdata in anc:
             if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
                 fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
@@ -79,6 +102,12 @@ class Context:
                 cq = self._cqs.get(m["cq"])
                 if cq is not None:
                     cq._wcs.extend(WC(**w) for w in m["wcs"])
+            elif m.get("event") == "async":
+                ev = AsyncEvent(m["type"], m.get("cq"), m.get("qp_num"))
+                self._async.append(ev)
+                cq = self._cqs.get(m.get("cq"))
+                if ev.event_type == IBV_EVENT_CQ_ERR and cq is not None:
+                    cq._overrun = True
             elif "id" in m:
                 nfds = 1 if m.get("map_bytes") else 0
                 self._replies[m["id"]] = (m, [self._fds.popleft() for _ in range(nfds)])
@@ -89,7 +118,11 @@ class Context:
             raise MetaroceError("the device context is closed")
         self._next += 1
         rid = self._next
-        self._s.sendall((json.dumps({"op": op, "id": rid, **kw}) + "\n").encode())
+        req = {"op": op, "id": rid, **kw}
+        ci = self._consumer_indexes()
+        if ci:
+            req["cq_ci"] = ci            # what was polled since, piggybacked
+        self._write(req)
         deadline = time.monotonic() + self.timeout_s
         while rid not in self._replies:
             left = deadline - time.monotonic()
@@ -101,6 +134,32 @@ class Context:
                 os.close(fd)
             raise MetaroceError(f"{op}: {rep['error']}")
         return rep, fds
+
+    def _consumer_indexes(self) -> list[list[int]]:
+        out = []
+        for cq in self._cqs.values():
+            if cq._polled != cq._reported:
+                out.append([cq.handle, cq._polled])
+                cq._reported = cq._polled
+        return out
+
+    def _ring_ci(self, cq: "CQ") -> None:
+        """Tell the daemon how far cq was polled (a doorbell: no reply)."""
+        if self.closed:
+            return
+        cq._reported = cq._polled
+        self._write({"op": "cq_ci", "cq_ci": [[cq.handle, cq._polled]]})
+
+    def get_async_event(self, timeout_s: float | None = 10.0) -> AsyncEvent | None:
+        """The next asynchronous event (ibv_get_async_event), waiting up to timeout_s (None:
+        for ever); None if none came."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._async:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._pump(0.5 if left is None else min(left, 0.5))
+        return self._async.popleft()
 
     def query_device(self) -> dict:
         return self.request("query_device")[0]
@@ -185,31 +244,51 @@ class WC:
 
 
 class CQ:
+    """A completion queue of at least cqe entries (`cqe` says how many it got). Completions
+    not yet polled count against it; one more overruns it, as in verbs: the CQ and its QPs go
+    to ERR, IBV_EVENT_CQ_ERR arrives (Context.get_async_event) and poll/wait raise."""
+
     def __init__(self, ctx: Context, cqe: int = 1024):
         self.ctx = ctx
-        self.handle = ctx.request("create_cq", depth=int(cqe))[0]["cq"]
+        rep = ctx.request("create_cq", cqe=int(cqe))[0]
+        self.handle, self.cqe, self._ci_every = rep["cq"], rep["cqe"], rep["ci_every"]
         self._wcs: deque[WC] = deque()
+        self._polled = self._reported = 0     # the consumer index, and what the daemon knows
+        self._overrun = False
         ctx._cqs[self.handle] = self
+
+    def _check(self) -> None:
+        if self._overrun:
+            raise MetaroceError(f"CQ {self.handle} overran: more than its {self.cqe} entries "
+                                f"were left unpolled (IBV_EVENT_CQ_ERR); the CQ and its QPs are "
+                                f"in ERR")
+
+    def _take(self, n: int) -> list[WC]:
+        out = [self._wcs.popleft() for _ in range(n)]
+        self._polled += n
+        if self._polled - self._reported >= self._ci_every:
+            self.ctx._ring_ci(self)
+        return out
 
     def poll(self, num_entries: int = 1) -> list[WC]:
         """Up to num_entries completions, without waiting."""
         if not self._wcs:
             self.ctx._pump(0)
-        out = []
-        while self._wcs and len(out) < num_entries:
-            out.append(self._wcs.popleft())
-        return out
+        self._check()
+        return self._take(min(num_entries, len(self._wcs)))
 
     def wait(self, num_entries: int = 1, timeout_s: float = 10.0) -> list[WC]:
         """Block until num_entries completions arrived (or raise after timeout_s)."""
         deadline = time.monotonic() + timeout_s
         while len(self._wcs) < num_entries:
+            self._check()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise MetaroceError(f"no completion within {timeout_s} s "
                                     f"({len(self._wcs)} of {num_entries})")
             self.ctx._pump(min(left, 0.5))
-        return [self._wcs.popleft() for _ in range(num_entries)]
+        self._check()
+        return self._take(num_entries)
 
 
 @dataclass

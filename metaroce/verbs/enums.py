@@ -1,5 +1,6 @@
 """Values as in rdma-core's <infiniband/verbs.h> (ibv_access_flags, ibv_wr_opcode names,
-ibv_send_flags, ibv_wc_status, ibv_wc_opcode names, ibv_qp_state names, ibv_mtu)."""
+ibv_send_flags, ibv_wc_status, ibv_wc_opcode names, ibv_event_type names, ibv_qp_state names,
+ibv_mtu)."""
 
 from ..engine.wr import WcStatus
 
@@ -38,6 +39,8 @@ IBV_WC_COMP_SWAP = "COMP_SWAP"
 IBV_WC_FETCH_ADD = "FETCH_ADD"
 IBV_WC_RECV = "RECV"
 IBV_WC_RECV_RDMA_WITH_IMM = "RECV_RDMA_WITH_IMM"
+
+IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL = "CQ_ERR", "QP_FATAL"     # ibv_event_type names
 
 IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_ERR = (
     "RESET", "INIT", "RTR", "RTS", "ERR")

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from metaroce.cli import main
 from metaroce.errors import MetaroceError
 from metaroce.fastpath.xsk import XskSocket
 from metaroce.nic import daemon as d
+from metaroce.nic import devid
 from metaroce.nic.credit import CreditConfig
 
 METAROCE = [sys.executable, "-m", "metaroce.cli"]
@@ -67,12 +69,18 @@ def processes_in(ns: str) -> list[int]:
     return out
 
 
+LAB_HOST_PROG = "fabric_host_xdp"      # what the lab attaches to a host's port
+
+
 def assert_nothing_left(ns: str) -> None:
+    """No process in the namespace, the NIC's program gone and the lab's put back, no
+    socket, pid or restore file."""
     dev = d.DeviceId("eth0", ns)
     assert processes_in(ns) == [], "a process still runs in the device's namespace"
-    assert xdp_prog(ns) != "nic_rx", "the NIC's XDP program is still attached"
+    assert xdp_prog(ns) == LAB_HOST_PROG, f"XDP on eth0: {xdp_prog(ns)}"
     assert d.running_pid(dev) is None
-    assert not os.path.exists(dev.sock_path) and not os.path.exists(dev.pid_path)
+    for path in (dev.sock_path, dev.pid_path, dev.restore_path):
+        assert not os.path.exists(path), path
 
 
 @contextlib.contextmanager
@@ -114,22 +122,29 @@ def test_a_nan_credit_config_is_refused_before_anything_is_attached(lab):
         assert_nothing_left(ns)
 
 
-class StatusFails(CreditConfig):
-    """A fault injected into the daemon's own status (as the NaN config once made it fail):
-    the daemon serves, but cannot describe itself."""
-
-    def describe(self) -> dict:
-        raise RuntimeError("injected status failure")
-
-
-def test_a_daemon_that_fails_after_attaching_is_stopped_and_cleaned_up(lab):
-    """start_background asks the fresh daemon for its status; when that fails, the daemon is
-    stopped: no process, no attachment, no socket or pid file."""
+def test_a_daemon_that_fails_after_attaching_is_stopped_and_cleaned_up(lab, monkeypatch):
+    """start_background asks the fresh daemon for its status. When that fails (here the daemon
+    is killed the moment it said it was ready, as a crash right after start would), the start
+    fails and leaves nothing: the child reaped, the program gone and the lab's put back, no
+    socket or pid file. (The NaN config once made this status fail.)"""
     ns = lab.plan.node("h2").netns
     dev = d.DeviceId("eth0", ns)
+    real = d.request
+    killed = []
+
+    def crash_then_ask(target, req, *a, **kw):
+        if req.get("op") == "status" and not killed:
+            pid = d.running_pid(target)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                time.sleep(0.01)
+        return real(target, req, *a, **kw)
+    monkeypatch.setattr(d, "request", crash_then_ask)
     with stopped_afterwards(dev):
-        with pytest.raises(MetaroceError, match="started but failed.*injected status failure"):
-            d.start_background(dev, "metaroce", StatusFails())
+        with pytest.raises(MetaroceError, match="started but failed; it was stopped"):
+            d.start_background(dev, "metaroce")
+        assert killed and not os.path.exists(f"/proc/{killed[0]}"), "the child was not reaped"
         assert_nothing_left(ns)
 
 
@@ -249,7 +264,7 @@ class OneErrorReply:
 def test_commands_exit_non_zero_when_the_daemon_answers_an_error(tmp_path, monkeypatch, argv):
     """`status` printed KeyError: 'dev'; `status --json` printed the daemon's error and exited
     0. Every command that asks a daemon now ends in one line (or {"error"}) and exit 1."""
-    monkeypatch.setattr(d, "RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(devid, "RUN_DIR", str(tmp_path))
     srv = OneErrorReply(d.DeviceId("mrfz0", None).sock_path)
     try:
         for as_json in (False, True):

@@ -149,7 +149,7 @@ def test_unit_execstart_and_exporter(lab, tmp_path):
         assert ready.startswith("READY=1\n") and "metaroce mode" in ready
         assert _xdp_prog(ns) == "nic_rx"
         # a persistent endpoint gives the exporter a QP; a stray packet gives it a drop
-        qpn = _endpoint(run_dir)
+        qpn = _endpoint(run_dir, ns)
         _send_unknown_qp(lab.plan.node("h1").netns, "10.0.0.2")
 
         exporter = subprocess.Popen([METAROCE, "exporter", "--listen", "127.0.0.1:0", "--json"],
@@ -167,7 +167,9 @@ def test_unit_execstart_and_exporter(lab, tmp_path):
                 break
             time.sleep(0.1)
         assert ctype.startswith("text/plain; version=0.0.4")
-        assert fams["metaroce_device_up"].samples[0].labels == {"dev": "eth0", "netns": ""}
+        # the unit ran in ns through `ip netns exec`: the exporter, in the root namespace, names
+        # the daemon's namespace all the same (the device is identified by the namespace)
+        assert fams["metaroce_device_up"].samples[0].labels == {"dev": "eth0", "netns": ns}
         assert fams["metaroce_device_up"].samples[0].value == 1
         assert fams["metaroce_device_info"].samples[0].labels["mode"] == "metaroce"
         assert drops["unknown_qp"] == 1 and drops["bad_icrc"] == 0
@@ -186,15 +188,17 @@ def test_unit_execstart_and_exporter(lab, tmp_path):
         rc = daemon.wait(20)
         s.close()
     assert rc == 0, daemon.stderr.read()
-    assert _xdp_prog(ns) is None                       # SIGTERM detached the NIC
+    assert _xdp_prog(ns) == "fabric_host_xdp"          # SIGTERM detached the NIC and put the
+                                                       # lab's own program back
     assert not list(run_dir.iterdir())                 # socket and pid file removed
 
 
-def _endpoint(run_dir) -> int:
-    """Create a daemon-held QP through the daemon's socket in run_dir."""
+def _endpoint(run_dir, ns: str) -> int:
+    """Create a daemon-held QP through the socket in run_dir of the daemon for eth0 in ns (the
+    unit ran in ns, so its files carry ns's inode)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
-    sock.connect(str(run_dir / "host--eth0.sock"))
+    sock.connect(str(run_dir / f"net{os.stat(f'/var/run/netns/{ns}').st_ino}--eth0.sock"))
     sock.sendall(b'{"op": "create_endpoint", "mr_bytes": 65536, "id": 1}\n')
     data = b""
     while not data.endswith(b"\n"):

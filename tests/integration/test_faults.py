@@ -197,6 +197,9 @@ def test_remote_daemon_killed_then_local_down_and_up_clean(star):
     pid = d.request(dev3, {"op": "status"})[0]["pid"]
     held = procbpf.bpf_objects(pid)
     assert held["progs"] and held["links"] and held["maps"]
+    with open(dev3.restore_path) as f:                # what the daemon displaced: the lab's
+        lab_prog = {"mode": "native", "prog_id": json.load(f)["prog_id"]}
+    assert lab_prog["prog_id"] not in held["progs"]
     mr_ids = set()
     ends = []
     for i, mode in enumerate(("roce", "metaroce", "roce", "metaroce")):
@@ -237,10 +240,10 @@ def test_remote_daemon_killed_then_local_down_and_up_clean(star):
     assert down.returncode == 0, down.stderr
     assert json.loads(down.stdout)["cleaned_stale"] is True
     assert not os.path.exists(dev3.sock_path) and not os.path.exists(dev3.pid_path)
-    assert fabric.xdp_attached(h3.netns, "eth0") is None
+    assert fabric.xdp_attached(h3.netns, "eth0") == lab_prog       # the lab's program is back
     ip_link = subprocess.run(["ip", "-n", h3.netns, "-d", "link", "show", "eth0"],
                              capture_output=True, text=True, check=True).stdout
-    assert "xdp" not in ip_link and "prog/xdp" not in ip_link, ip_link
+    assert f"prog/xdp id {lab_prog['prog_id']}" in ip_link, ip_link
     _wait(lambda: not any(procbpf.prog_exists(p) for p in held["progs"]), what="program freed")
     _wait(lambda: not any(procbpf.map_exists(m["id"]) for m in held["maps"]), what="maps freed")
     _wait(lambda: not any(procbpf.map_exists(m) for m in mr_ids), what="MR maps freed")
@@ -254,7 +257,8 @@ def test_remote_daemon_killed_then_local_down_and_up_clean(star):
         again = cli("up", "--dev", "eth0", "--netns", h3.netns)
         assert again.returncode != 0
         assert again.stderr.strip().count("\n") == 0, again.stderr            # one line
-        assert f"already runs on eth0 (pid {new_pid})" in again.stderr, again.stderr
+        assert f"already runs on eth0 in netns {h3.netns} (pid {new_pid})" in again.stderr, \
+            again.stderr
         # the device works after the restart
         ctxs["h3"] = Context("eth0", h3.netns)
         a, b = pair(view, ctxs, "h1", "h3", "metaroce", MiB)
@@ -267,7 +271,7 @@ def test_remote_daemon_killed_then_local_down_and_up_clean(star):
     finally:
         first = cli("down", "--dev", "eth0", "--netns", h3.netns)
     assert first.returncode == 0, first.stderr
-    assert d.running_pid(dev3) is None and fabric.xdp_attached(h3.netns, "eth0") is None
+    assert d.running_pid(dev3) is None and fabric.xdp_attached(h3.netns, "eth0") == lab_prog
     second = cli("down", "--dev", "eth0", "--netns", h3.netns)
     assert second.returncode != 0
     assert second.stderr.strip().count("\n") == 0, second.stderr

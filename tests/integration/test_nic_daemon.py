@@ -36,6 +36,7 @@ def test_frozen_responder_completes_and_a_killed_one_times_out(lab_name):
     view = lab_pair(lab_name)
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
     dev2 = d.DeviceId("eth0", h2.netns)
+    lab_prog = fabric.xdp_attached(h2.netns, "eth0")       # the lab's host-port program
     up = cli("up", "--dev", "eth0", "--netns", h2.netns, "--json")
     assert up.returncode == 0, up.stderr
     st = json.loads(up.stdout)
@@ -94,11 +95,12 @@ def test_frozen_responder_completes_and_a_killed_one_times_out(lab_name):
         down = cli("down", "--dev", "eth0", "--netns", h2.netns, "--json")   # cleans the stale files
         assert down.returncode == 0 and json.loads(down.stdout)["cleaned_stale"] is True
         assert not os.path.exists(dev2.sock_path) and not os.path.exists(dev2.pid_path)
+        assert fabric.xdp_attached(h2.netns, "eth0") == lab_prog   # put back by down
         up2 = cli("up", "--dev", "eth0", "--netns", h2.netns, "--json")      # and up again
         assert up2.returncode == 0, up2.stderr
         pid = json.loads(up2.stdout)["pid"]
         assert cli("down", "--dev", "eth0", "--netns", h2.netns).returncode == 0
-        assert fabric.xdp_attached(h2.netns, "eth0") is None
+        assert fabric.xdp_attached(h2.netns, "eth0") == lab_prog
     finally:
         if app is not None:
             app.kill()

@@ -18,6 +18,7 @@ from metaroce.errors import MetaroceError, UsageError
 from metaroce.lab.plan import parse_rate
 from metaroce.nic import credit
 from metaroce.nic import daemon as d
+from metaroce.nic import devid
 from metaroce.perf.run import Options
 
 NO_SUCH = "mrfz0"
@@ -148,7 +149,7 @@ class OneReplyDaemon:
 
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(d, "RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(devid, "RUN_DIR", str(tmp_path))
     return tmp_path
 
 

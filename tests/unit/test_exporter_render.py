@@ -121,6 +121,8 @@ def test_parse_listen_rejects(text):
 
 
 def test_discover(tmp_path):
-    for name in ("host--eth1.sock", "mr-a-h1--eth0.sock", "host--eth1.pid"):
+    from metaroce.nic.devid import DeviceId, own_netns_inode
+    me = own_netns_inode()
+    for name in (f"net{me}--eth1.sock", f"net{me}--eth1.pid", "host--eth0.sock", "junk.sock"):
         (tmp_path / name).write_text("")
-    assert ex.discover(str(tmp_path)) == [("eth1", None), ("eth0", "mr-a-h1")]
+    assert ex.discover(str(tmp_path)) == [DeviceId("eth1")]
