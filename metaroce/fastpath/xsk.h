@@ -11,6 +11,7 @@ struct mr_xsk_stats {
     uint64_t kicks;            /* sendto() wakeups */
     uint64_t kick_busy;        /* sendto() answered EAGAIN/EBUSY/ENOBUFS: retried later */
     uint64_t tx_ring_full;     /* frames not queued for want of a ring slot or UMEM frame */
+    uint64_t tx_bytes;         /* bytes of the frames the kernel gave back (tx_completed's) */
 };
 
 struct mr_xsk;

@@ -175,6 +175,7 @@ class Device:
         self.pds: dict[int, object] = {}
         self.cqs: dict[int, Cq] = {}
         self.qps: dict[int, Qp] = {}
+        self.destroyed_qp_counters: dict[str, int] = {}   # summed over QPs that are gone
         self.responses: deque = deque()          # READ responses to send: (qp, msg, ptr, next)
         self._next_handle = 1
         self.dirty_cqs: set[int] = set()
@@ -324,10 +325,22 @@ class Device:
     def destroy_qp(self, owner, qpn: int) -> None:
         qp = self.own_qp(owner, qpn)
         self._flush(qp, None)
+        self._keep_counters(qp)
         self.rx.del_qp(qpn)
         if self.credits:
             self.credits.forget(qpn)
         del self.qps[qpn]
+
+    def _keep_counters(self, qp: Qp) -> None:
+        """A QP about to go adds its counters (the kernel's and the requester's) to the
+        device's: device counters never go backwards while the daemon lives."""
+        try:
+            st = self.rx.qp_state(qp.qpn)
+        except KeyError:                         # never connected: nothing in the kernel
+            st = {}
+        kept = self.destroyed_qp_counters
+        for k, v in [*((k, st.get(k, 0)) for k in QP_COUNTERS), *qp.stats.items()]:
+            kept[k] = kept.get(k, 0) + int(v)
 
     def release_pd(self, owner, pd: int) -> None:
         """Free a PD with what owner registered in it (its QPs must be gone)."""
@@ -347,6 +360,7 @@ class Device:
     def release(self, owner) -> None:
         """A connection went away: reclaim everything it created."""
         for qpn in [q for q, qp in self.qps.items() if qp.owner is owner]:
+            self._keep_counters(self.qps[qpn])
             self.rx.del_qp(qpn)
             del self.qps[qpn]
         for key in [k for k, e in self.mrs.items() if e[1] is owner]:

@@ -70,7 +70,7 @@ def test_mp1_mp3_mp4_packets_sprayed_over_distinct_ports(fabric):
     q = next(q for q in ds["qps"] if q["qpn"] == a.qp.qp_num)
     assert [p["sport"] for p in q["paths"]] == [p["sport"] for p in ps]
     lines = format_stats("eth0", ds)
-    assert sum(f"lqpn {a.qp.qp_num} path " in line for line in lines) == 4
+    assert sum(f"lqpn 0x{a.qp.qp_num:06x} path " in line for line in lines) == 4
     text = families([Scrape("eth0", None, status, 0.0)]).render()
     exported = {(s.labels["qpn"], s.labels["sport"]): s.value
                 for f in text_string_to_metric_families(text)

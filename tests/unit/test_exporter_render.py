@@ -14,6 +14,7 @@ STATUS = {
     "counters": {"placed": 1000, "not_roce": 7, "bad_icrc": 3, "unknown_qp": 1, "wrong_mode": 2,
                  "duplicate": 4, "read_request": 5, "tx_ack": 90, "tx_sack": 11, "tx_cnp": 0},
     "events": {"events": 500, "events_lost": 0},
+    "port": {"rcv_packets": 600, "rcv_bytes": 600 * 4096, "xmit_packets": 101, "xmit_bytes": 6464},
     "tx": {"tx_queued": 10, "tx_completed": 9, "kicks": 3, "kick_busy": 0, "tx_ring_full": 1},
     "qps": [{"qpn": 0x11, "state": "RTS", "mode": "metaroce",
              "remote": {"qpn": 0x22, "ip": "10.0.0.2"}, "sq_outstanding": 3, "window_pkts": 17,
