@@ -216,7 +216,15 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
 
 void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out)
 {
+    /* struct xdp_statistics grew over time: rx_dropped, rx_invalid_descs, tx_invalid_descs,
+     * then rx_ring_full, rx_fill_ring_empty_descs, tx_ring_empty_descs (5.9+) */
+    uint64_t ks[6] = {0};
+    socklen_t len = sizeof(ks);
     *out = x->st;
+    if (getsockopt(x->fd, SOL_XDP, XDP_STATISTICS, ks, &len) == 0) {
+        out->kern_tx_invalid_descs = ks[2];
+        out->kern_tx_ring_empty_descs = len >= sizeof(ks) ? ks[5] : 0;
+    }
 }
 
 uint32_t mr_xsk_tx_room(struct mr_xsk *x)
