@@ -25,10 +25,10 @@ from ..errors import MetaroceError, UsageError
 # daemon status "counters" (kernel verdicts) that are not receive verdicts: tx_* are replies
 # hw counter -> (metric name without prefix/suffix, help)
 HW_HELP = {
-    "rx_packets": "RoCE packets received on the device's QPs",
-    "rx_bytes": "RoCE payload bytes received on the device's QPs",
-    "tx_packets": "RoCE request and READ response packets sent",
-    "tx_bytes": "RoCE payload bytes sent",
+    "rx_packets": "RoCE packets the device received (every QP, dropped ones included)",
+    "rx_bytes": "RoCE bytes the device received (every QP, dropped ones included)",
+    "tx_packets": "RoCE packets the device sent (requests, READ responses, replies)",
+    "tx_bytes": "RoCE bytes the device sent",
     "rx_read_requests": "RDMA READ requests received",
     "rx_atomic_requests": "atomic requests received",
     "out_of_sequence": "packets received with a PSN beyond the expected one",
