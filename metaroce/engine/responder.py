@@ -58,6 +58,11 @@ class Responder:
     def metaroce(self) -> bool:
         return self.qp.mode is Mode.METAROCE
 
+    @property
+    def rx_bytes(self) -> int:
+        """Payload bytes accepted so far (the simulator's delivery measurement)."""
+        return self.stats["rx_bytes"]
+
     def start(self, rq_psn: int) -> None:
         a = self.qp.attr
         self.state = RespState(metaroce=self.metaroce, epsn=rq_psn, mtu=a.path_mtu,

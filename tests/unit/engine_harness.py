@@ -1,11 +1,18 @@
-"""Shared workload + invariant checker for the engine property tests (not a test module)."""
+"""Shared workload + invariant checker for the engine property tests (not a test module).
+
+``impl`` picks the engine: "c" (metaroce.cengine, the one engine the simulator runs) or "py"
+(metaroce.engine, the reference model the differential tests compare with)."""
 
 import random
 from dataclasses import dataclass, field
 
-from metaroce.engine import (Access, MRTable, QPState, QueuePair, RecvWR, SendWR,
-                             WcStatus, WrOpcode)
+from metaroce import cengine
+from metaroce import engine as pyengine
+from metaroce.engine import Access, MRTable, QPState, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.sim.channel import EventLoop, Pair
+
+IMPLS = {"c": cengine.QueuePair, "py": pyengine.QueuePair}
+DEFAULT_IMPL = "c"
 
 MTU = 256
 RKEY, BASE = 0x1234, 0x10_0000
@@ -14,9 +21,10 @@ COUNTER_OFF = 0  # one shared 8-byte counter for all atomics (first bytes of the
 
 
 def connect(mode, psn_a, psn_b, breaks=None, timeout=4, retry_cnt=7, rnr_retry=7, window=64,
-            mtu=MTU):
-    a = QueuePair(0x11, mode, MRTable(), _test_break=breaks)
-    b = QueuePair(0x22, mode, MRTable(), _test_break=breaks)
+            mtu=MTU, impl=None, **qpkw):
+    qp = IMPLS[impl or DEFAULT_IMPL]
+    a = qp(0x11, mode, MRTable(), _test_break=breaks, **qpkw)
+    b = qp(0x22, mode, MRTable(), _test_break=breaks, **qpkw)
     for q, peer, sq, rq in ((a, 0x22, psn_a, psn_b), (b, 0x11, psn_b, psn_a)):
         q.modify(QPState.INIT)
         q.modify(QPState.RTR, dest_qpn=peer, rq_psn=rq, path_mtu=mtu, window=window)
@@ -33,8 +41,8 @@ class Op:
 
 @dataclass
 class Run:
-    a: QueuePair
-    b: QueuePair
+    a: object
+    b: object
     loop: EventLoop
     pair: Pair
     ops: list

@@ -1,11 +1,21 @@
 """Compat mode (RoCEv2 RC go-back-N): targeted scenarios with deterministic impairments."""
 
+import pytest
+
 from metaroce.engine import Access, Mode, QPState, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.engine import packets as P
 from metaroce.sim.channel import EventLoop, Impairment, Pair
 from metaroce.wire.consts import AethType, NakCode
 from metaroce.wire.consts import Opcode as O
+from tests.unit import engine_harness as H
 from tests.unit.engine_harness import connect
+
+
+@pytest.fixture(autouse=True, params=["c", "py"])
+def impl(request, monkeypatch):
+    """Every scenario runs on the C engine and on the Python reference model."""
+    monkeypatch.setattr(H, "DEFAULT_IMPL", request.param)
+    return request.param
 
 RKEY, BASE = 7, 0x4000
 
