@@ -9,8 +9,9 @@ from metaroce.engine import Access, Mode, SendWR, WcStatus, WrOpcode
 from metaroce.engine import packets as P
 from metaroce.engine.cc import CCConfig, Dcqcn, Pacer, WindowCC
 from metaroce.engine.credits import CreditConfig, CreditGate, CreditManager
+from metaroce import cengine
 from metaroce.engine.multipath import PathSet, flow_label_sport
-from metaroce.engine.queue_pair import QueuePair
+from metaroce.engine.queue_pair import QueuePair as PyQueuePair
 from metaroce.engine.qp import QPState
 from metaroce.sim.channel import EventLoop, Impairment, Pair
 from metaroce.wire.consts import UDP_SPORT_MAX, UDP_SPORT_MIN
@@ -155,7 +156,13 @@ def test_credit_gate_ordering_and_limit():
     assert g.on_grant(6, False, 0, 0, 4) and g.allows(10**6)
 
 
-def _connect(mode, cc=None, paths=1, credits=None, window=128):
+@pytest.fixture(params=[cengine.QueuePair, PyQueuePair], ids=["c", "py"])
+def QP(request):
+    """QP-level clauses hold for the C engine and the Python reference model."""
+    return request.param
+
+
+def _connect(QueuePair, mode, cc=None, paths=1, credits=None, window=128):
     a = QueuePair(0x11, mode, min_rto_ns=50_000, cc=cc, paths=paths, credits=credits)
     b = QueuePair(0x22, mode, min_rto_ns=50_000, cc=cc, paths=paths, credits=credits)
     mem = bytearray(1 << 20)
@@ -167,10 +174,10 @@ def _connect(mode, cc=None, paths=1, credits=None, window=128):
     return a, b, mem
 
 
-def test_cwnd_bounds_inflight_bytes():
+def test_cwnd_bounds_inflight_bytes(QP):
     """CC-1: with a stalled receiver, unacknowledged bytes never exceed cwnd."""
     cfg = CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000)
-    a, b, _ = _connect(Mode.METAROCE, cc=cfg)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=cfg)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(64 * MTU), 0, 64 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     sent = sum(len(p.payload) + 64 for p in pk)
@@ -178,10 +185,10 @@ def test_cwnd_bounds_inflight_bytes():
     assert a.req.blocked == "cwnd"
 
 
-def test_sack_echoes_path_timestamp_ce_and_multipath_spray():
+def test_sack_echoes_path_timestamp_ce_and_multipath_spray(QP):
     """CC-2/CC-7 and MP-1/MP-2: the SACK echoes PathID, timestamp and CE; packets go out on
     distinct ports, one PathID per port."""
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG, paths=4)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG, paths=4)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 1000)
     pk = a.take_packets()
     assert len({p.sport for p in pk}) == 4
@@ -195,10 +202,10 @@ def test_sack_echoes_path_timestamp_ce_and_multipath_spray():
     assert a.req.last_rtt == 8000 and a.req.paths.paths[pk[0].path].ecn == 1
 
 
-def test_compat_cnp_interval_and_rate_cut():
+def test_compat_cnp_interval_and_rate_cut(QP):
     """COMPAT-4: CE-marked requests make at most one CNP per 50 us; the sender's rate falls
     and it paces. COMPAT-5: one fixed source port."""
-    a, b, _ = _connect(Mode.COMPAT, cc=CFG)
+    a, b, _ = _connect(QP, Mode.COMPAT, cc=CFG)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     assert len({p.sport for p in pk}) == 1
@@ -211,11 +218,11 @@ def test_compat_cnp_interval_and_rate_cut():
     assert a.req.dcqcn.limited and a.req.stats["cnp"] == 1
 
 
-def test_credit_liveness_without_any_grant():
+def test_credit_liveness_without_any_grant(QP):
     """CC-9: every MR_CREDIT dropped: the sender probes and the transfer still completes."""
     cfg = CreditConfig(link_rate_bps=10e9, base_rtt_ns=10_000, mtu=MTU, initial_credit_pkts=2)
     mgr = CreditManager(cfg)
-    a, b, mem = _connect(Mode.METAROCE, cc=CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000),
+    a, b, mem = _connect(QP, Mode.METAROCE, cc=CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000),
                          credits=mgr)
     loop = EventLoop(4)
     no_credit = Impairment(drop=lambda p, i: p.opcode == O.MR_CREDIT)
@@ -227,10 +234,10 @@ def test_credit_liveness_without_any_grant():
     assert a.req.stats["probes"] >= 1 and b.resp.stats["probes"] >= 1
 
 
-def test_credit_grant_ends_implicit_credit_for_a_lone_sender():
+def test_credit_grant_ends_implicit_credit_for_a_lone_sender(QP):
     """CC-8: a sender starts with its initial credit; a receiver without incast answers A=0."""
     mgr = CreditManager(CreditConfig(mtu=MTU, initial_credit_pkts=2))
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG, credits=mgr)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG, credits=mgr)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     assert len(pk) == 2 and a.req.blocked == "credit"
@@ -241,16 +248,19 @@ def test_credit_grant_ends_implicit_credit_for_a_lone_sender():
     assert not a.req.credit.active and len(a.take_packets()) == 6
 
 
-def test_tail_rto_is_low():
+def test_tail_rto_is_low(QP):
     """RTO-3: with at most 4 packets outstanding the RTO is max(2 SRTT, RTO_min)."""
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG)
-    a.req.rto.sample(100_000)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(MTU), 0, MTU, 0x1000, 7), 0)
+    b.receive(a.take_packets()[0], 50_000)           # one round trip of 100 us
+    a.receive(b.take_packets()[0], 100_000)
+    assert a.req.rto.srtt == 100_000
+    a.post_send(SendWR(2, WrOpcode.RDMA_WRITE, bytes(MTU), 0, MTU, 0x1000, 7), 100_000)
     assert a.req.timeout_ns() == 200_000 < a.req.rto.rto_ns
 
 
-def test_control_opcodes_are_ignored_in_compat_mode():
-    a, b, _ = _connect(Mode.COMPAT)
+def test_control_opcodes_are_ignored_in_compat_mode(QP):
+    a, b, _ = _connect(QP, Mode.COMPAT)
     b.receive(P.Packet(int(O.MR_PROBE), 100, 0x22, place=P.Placement(0, 0, 0)), 0)
     a.receive(P.Packet(int(O.MR_CREDIT), 1, 0x11, grant=(True, 0, 0)), 0)
     assert b.take_packets() == [] and a.req.credit is None
