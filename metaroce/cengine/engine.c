@@ -415,7 +415,10 @@ void mre_event(struct mre_engine *e, uint32_t h, const struct mre_event *ev, int
     struct qp *q = qp_of(e, h);
     if (!q || q->state == MRE_RESET || q->state == MRE_INIT || q->state == MRE_ERR)
         return;
-    req_event(e, q, ev, now);
+    if (ev->type == MRE_EV_RECV || ev->type == MRE_EV_EPSN)
+        resp_event(e, q, ev);
+    else
+        req_event(e, q, ev, now);
 }
 
 /* ---- timers -------------------------------------------------------------------------------- */

@@ -57,6 +57,14 @@ enum {
     MRE_EV_ATOMIC_ACK = 4,     /* an atomic acknowledgement: psn, value */
     MRE_EV_CNP = 5,
     MRE_EV_CREDIT = 6,         /* MR_CREDIT: psn = grant sequence, credit_limit, rate, flag A */
+    MRE_EV_READ_DONE = 7,      /* the data path placed a READ's responses up to psn, in order */
+    MRE_EV_READ_GAP = 8,       /* READ responses arrived past psn, which is missing: re-read */
+    MRE_EV_RECV = 9,           /* responder: a receive completed out of order (wr_id, rsn, psn =
+                                * the message's last PSN, len, imm, wc_opcode, status); the
+                                * engine completes receives in RSN order once the cumulative
+                                * PSN passed them (PLACE-5); MRE_EVF_IN_ORDER: it was in order */
+    MRE_EV_EPSN = 10,          /* responder: the cumulative PSN moved: psn = the new ePSN */
+    MRE_EVF_IN_ORDER = 64,
     MRE_EVF_PLACE = 128,       /* MRE_EV_ATOMIC_ACK: write the value to the WQE's buffer */
     /* errors returned by the API (negative) */
     MRE_E_STATE = -1, MRE_E_FULL = -2, MRE_E_INVAL = -3, MRE_E_NOQP = -4
@@ -202,6 +210,9 @@ struct mre_event {
     uint8_t rsvd[6];
     uint64_t value;            /* atomic original value (placed with MRE_EVF_PLACE) */
     const uint8_t *data;       /* READ response payload to place (NULL: placed already) */
+    uint64_t wr_id;            /* MRE_EV_RECV */
+    uint32_t rsn, imm;
+    uint8_t wc_opcode, status, wc_flags, rsvd2;
 };
 
 struct mre_cqe {

@@ -124,6 +124,13 @@ struct rd_resp {
     uint8_t has_place;
 };
 
+/* A receive the wire's data path completed, waiting for the cumulative PSN (PLACE-5). */
+struct recv_done {
+    uint64_t wr_id;
+    uint32_t rsn, last_psn, byte_len, imm;
+    uint8_t valid, opcode, status, wc_flags;
+};
+
 struct atomic_saved {
     uint32_t psn;
     uint64_t value;
@@ -147,6 +154,9 @@ struct responder {
     struct recv_wqe *rq;
     uint32_t rq_mask, rq_cap, rq_head, rq_tail;  /* rq_head: RSN of the oldest (mod 2^24) */
     uint32_t recv_head;        /* RSN of rq_head (24-bit) */
+    struct recv_done *rwait;   /* wire: receives completed out of order, by RSN */
+    uint32_t rwait_next;       /* the next RSN to complete */
+    int64_t rx_epsn;           /* wire: the data path's cumulative PSN + 1 as last reported */
     struct atomic_saved *atomics;
     uint32_t atomics_cap, atomics_n, atomics_head;
     struct rd_resp *rd;        /* READ response queue (ring) */
@@ -244,6 +254,7 @@ void resp_handle(struct mre_engine *e, struct qp *q, const struct mre_pkt *p, in
 void resp_on_probe(struct mre_engine *e, struct qp *q, const struct mre_pkt *p, int64_t now);
 void resp_on_sack_timer(struct mre_engine *e, struct qp *q, int64_t now);
 void resp_flush(struct mre_engine *e, struct qp *q);
+void resp_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev);
 
 /* readresp.c */
 void rd_queue(struct mre_engine *e, struct qp *q, const struct pending *req, uint32_t msn);

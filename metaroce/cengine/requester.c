@@ -1059,6 +1059,33 @@ static int on_atomic_ack(struct qp *q, const struct mre_event *ev, int64_t now)
     return 1;
 }
 
+/* The wire's data path took a READ's responses in order up to psn (READ_DONE: psn arrived;
+ * READ_GAP: psn is missing and later ones came): mark them; on a gap, re-read from psn at once
+ * (SACK-8; RESP-4 lets the re-read start inside the response). */
+static int on_read_progress(struct mre_engine *e, struct qp *q, uint32_t psn, int gap,
+                            int64_t now)
+{
+    struct requester *r = &q->req;
+    struct sb_ent *s = sb_lookup(q, psn);
+    if (!s || !sqw(r, s->wqe)->is_read)
+        return 0;
+    uint32_t wabs = s->wqe, upto = gap ? s->idx : s->idx + 1;
+    struct wqe *w = sqw(r, wabs);
+    if (!qp_metaroce(q) && upto > w->una_idx)
+        ack_through(q, psn_add(w->first_psn, -1));    /* RESP-10: what precedes is acked */
+    int progress = 0;
+    for (uint32_t i = w->una_idx; i < upto; i++) {
+        struct sb_ent *x = sb_lookup(q, wpsn(w, i));
+        if (x && !x->acked) {
+            mark_response(q, x, now);
+            progress = 1;
+        }
+    }
+    if (gap && w->nacked < w->npkts && q->state != MRE_ERR)
+        req_send(e, q, wabs, s->idx, now, 1);
+    return progress;
+}
+
 static void on_cnp(struct mre_engine *e, struct qp *q, int64_t now)
 {
     struct requester *r = &q->req;
@@ -1109,6 +1136,10 @@ void req_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev, i
         break;
     case MRE_EV_ATOMIC_ACK:
         progress = on_atomic_ack(q, ev, now);
+        break;
+    case MRE_EV_READ_DONE:
+    case MRE_EV_READ_GAP:
+        progress = on_read_progress(e, q, ev->psn & PSN_MASK, ev->type == MRE_EV_READ_GAP, now);
         break;
     default:
         return;

@@ -68,9 +68,10 @@ int resp_alloc(struct qp *q)
     struct responder *s = &q->resp;
     uint32_t cap = pow2(q->cfg.rq_cap ? q->cfg.rq_cap : 1);
     s->rq = calloc(cap, sizeof(*s->rq));
+    s->rwait = calloc(cap, sizeof(*s->rwait));
     s->rq_mask = cap - 1;
     s->rq_cap = q->cfg.rq_cap ? q->cfg.rq_cap : 1;
-    return s->rq ? 0 : -1;
+    return s->rq && s->rwait ? 0 : -1;
 }
 
 static void resp_free_window(struct responder *s)
@@ -88,7 +89,9 @@ static void resp_free_window(struct responder *s)
 void resp_free(struct qp *q)
 {
     free(q->resp.rq);
+    free(q->resp.rwait);
     q->resp.rq = NULL;
+    q->resp.rwait = NULL;
     resp_free_window(&q->resp);
 }
 
@@ -96,9 +99,13 @@ void resp_reset(struct qp *q)
 {
     struct responder *s = &q->resp;
     struct recv_wqe *rq = s->rq;
+    struct recv_done *rwait = s->rwait;
     uint32_t rq_mask = s->rq_mask, rq_cap = s->rq_cap;
     resp_free_window(s);
     memset(s, 0, sizeof(*s));
+    if (rwait)
+        memset(rwait, 0, sizeof(*rwait) * (rq_mask + 1));
+    s->rwait = rwait;
     s->rq = rq;
     s->rq_mask = rq_mask;
     s->rq_cap = rq_cap;
@@ -132,6 +139,7 @@ void resp_start(struct qp *q)
     s->rd_head = s->rd_tail = 0;
     s->window = w;
     s->epsn = q->attr.rq_psn;
+    s->rx_epsn = q->attr.rq_psn;
     s->sent_psn_nak = 0;
     s->seq = SEQ_NONE;
     s->started = 1;
@@ -865,4 +873,52 @@ void resp_flush(struct mre_engine *e, struct qp *q)
         eng_cqe(e, q, r->wr_id, MRE_WC_WR_FLUSH_ERR, MRE_WC_RECV, 0, 0, 0);
     }
     s->rd_head = s->rd_tail = 0;
+}
+
+/* ---- the wire: receive completions in order (PLACE-5) ---------------------------------------- */
+
+static void release_recvs(struct mre_engine *e, struct qp *q)
+{
+    struct responder *s = &q->resp;
+    for (;;) {
+        struct recv_done *r = &s->rwait[s->rwait_next & s->rq_mask];
+        if (!r->valid || r->rsn != s->rwait_next ||
+            psn_diff((uint32_t)s->rx_epsn, r->last_psn) <= 0)
+            return;
+        r->valid = 0;
+        s->rwait_next = psn_add(s->rwait_next, 1);
+        eng_cqe(e, q, r->wr_id, r->status, r->opcode, r->byte_len, r->wc_flags & MRE_WC_WITH_IMM,
+                r->imm);
+    }
+}
+
+/* The wire's data path completed a receive (in MetaRoCE mode possibly before earlier ones: it
+ * waits for the cumulative PSN) or moved the cumulative PSN. */
+void resp_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev)
+{
+    struct responder *s = &q->resp;
+    if (ev->type == MRE_EV_EPSN) {
+        s->rx_epsn = ev->psn & PSN_MASK;
+        release_recvs(e, q);
+        return;
+    }
+    if (!qp_metaroce(q) || ev->status) {          /* in order already, or an error: now */
+        eng_cqe(e, q, ev->wr_id, ev->status, ev->wc_opcode, ev->len,
+                ev->wc_flags & MRE_WC_WITH_IMM, ev->imm);
+        s->rwait_next = psn_add(ev->rsn, 1);
+        return;
+    }
+    struct recv_done *r = &s->rwait[ev->rsn & s->rq_mask];
+    r->valid = 1;
+    r->wr_id = ev->wr_id;
+    r->rsn = ev->rsn & PSN_MASK;
+    r->last_psn = ev->psn & PSN_MASK;
+    r->byte_len = ev->len;
+    r->imm = ev->imm;
+    r->opcode = ev->wc_opcode;
+    r->status = ev->status;
+    r->wc_flags = ev->wc_flags;
+    if (ev->flags & MRE_EVF_IN_ORDER)
+        s->rx_epsn = psn_add(ev->psn & PSN_MASK, 1);
+    release_recvs(e, q);
 }

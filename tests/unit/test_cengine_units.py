@@ -262,3 +262,60 @@ def test_wire_interface_sack_event_to_retransmission_descriptor():
     cq = ffi.new("struct mre_cqe[]", 4)
     assert lib.mre_take_cqes(e, cq, 4) == 1 and cq[0].wr_id == 77 and cq[0].status == 0
     assert lib.mre_qp_deadline(e, a) == -1          # nothing outstanding: no timer
+
+
+def test_wire_read_gap_rereads_from_the_gap_and_read_done_completes():
+    """The wire reports READ progress, not packets: a gap at PSN p (earlier responses placed)
+    re-reads from p with VA and length moved (SACK-8, RESP-4); done up to the last PSN
+    completes the READ."""
+    e = engine()
+    a = qp(e, 0x11, 0x22, 1, 1000, 2000)
+    dst = bytearray(8 * 256)
+    w = ffi.new("struct mre_wqe *")
+    w.wr_id, w.opcode, w.send_flags, w.length = 5, 4, 2, len(dst)
+    w.remote_addr, w.rkey = 0x8000, 9
+    w.local = int(ffi.cast("uintptr_t", ffi.from_buffer(dst)))
+    assert lib.mre_post_send(e, a, w, 0) == 0
+    req, keep = take(e)
+    assert [(p.opcode, p.psn, p.reth_len) for p in req] == [(0xCC, 1000, 2048)]
+    ev = ffi.new("struct mre_event *")
+    ev.type, ev.psn = 8, 1003                      # 1000..1002 placed, 1003 missing
+    lib.mre_event(e, a, ev, 20_000)
+    rr, keep = take(e, now=20_000)
+    assert [(p.psn, p.reth_va, p.reth_len, p.offset, bool(p.flags & 2)) for p in rr] == \
+        [(1003, 0x8000 + 3 * 256, 5 * 256, 3 * 256, True)]
+    ev.type, ev.psn = 7, 1007
+    lib.mre_event(e, a, ev, 30_000)
+    cq = ffi.new("struct mre_cqe[]", 4)
+    assert lib.mre_take_cqes(e, cq, 4) == 1 and (cq[0].wr_id, cq[0].opcode) == (5, 2)
+
+
+def test_wire_receives_complete_in_rsn_order_once_the_cumulative_psn_passed():
+    """PLACE-5 on the wire: the data path completes receives as their last packet lands (out
+    of order in MetaRoCE mode); the engine hands them to the CQ in RSN order, each only when
+    the cumulative PSN passed its last PSN."""
+    e = engine()
+    b = qp(e, 0x22, 0x11, 1, 7, 5)
+    ev = ffi.new("struct mre_event *")
+    cq = ffi.new("struct mre_cqe[]", 4)
+
+    def recv(rsn, last, imm=None):
+        ev.type, ev.rsn, ev.psn, ev.wr_id, ev.len = 9, rsn, last, 100 + rsn, 10 * rsn
+        ev.wc_opcode, ev.flags = 128, 0
+        ev.imm, ev.wc_flags = (imm or 0), (2 if imm is not None else 0)
+        lib.mre_event(e, b, ev, 0)
+
+    def epsn(p):
+        ev.type, ev.psn = 10, p
+        lib.mre_event(e, b, ev, 0)
+
+    recv(1, 20, imm=0xABCD)
+    recv(0, 10)
+    assert lib.mre_take_cqes(e, cq, 4) == 0
+    epsn(15)
+    assert lib.mre_take_cqes(e, cq, 4) == 1 and cq[0].wr_id == 100
+    epsn(20)
+    assert lib.mre_take_cqes(e, cq, 4) == 0          # PSN 20 not passed yet
+    epsn(21)
+    assert lib.mre_take_cqes(e, cq, 4) == 1
+    assert (cq[0].wr_id, cq[0].byte_len, cq[0].imm, cq[0].wc_flags) == (101, 10, 0xABCD, 2)
