@@ -138,7 +138,7 @@ int64_t mre_credit_share(struct mre_credit_mgr *m, int64_t now)
     uint32_t n = mre_credit_active(m, now);
     if (n < m->min_senders)
         return -1;
-    uint32_t s = mre_credit_bdp_pkts(m) / n;
+    uint32_t bdp = mre_credit_bdp_pkts(m), s = (bdp + n - 1) / n;  /* in flight >= one BDP */
     return s > 1 ? s : 1;
 }
 

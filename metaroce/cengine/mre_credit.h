@@ -65,7 +65,8 @@ int mre_credit_mgr_init(struct mre_credit_mgr *m, uint32_t nslots, double link_r
 void mre_credit_mgr_free(struct mre_credit_mgr *m);
 void mre_credit_touch(struct mre_credit_mgr *m, uint32_t slot, int64_t now);
 uint32_t mre_credit_active(struct mre_credit_mgr *m, int64_t now);
-/* Packets each active sender may have beyond its cumulative PSN; -1: no incast. */
+/* Packets each active sender may have beyond its cumulative PSN, max(1, ceil(BDP / active));
+ * -1: no incast. */
 int64_t mre_credit_share(struct mre_credit_mgr *m, int64_t now);
 uint32_t mre_credit_rate_mbps(struct mre_credit_mgr *m, int64_t now);
 

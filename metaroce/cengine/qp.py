@@ -121,7 +121,7 @@ class QueuePair:
     """A QP of the C engine, driven like metaroce.engine.QueuePair."""
 
     def __init__(self, qpn: int, mode: Mode = Mode.COMPAT, mrs: MRTable | None = None,
-                 min_rto_ns: int = 10_000, _test_break: str | set | None = None,
+                 min_rto_ns: int = 50_000, _test_break: str | set | None = None,
                  cc: CCConfig | None = None, paths: int = 1, credits=None, seed: int = 0,
                  engine: Engine | None = None, sq_cap: int = 4096, rq_cap: int = 1024):
         """``credits``: None (no CREDIT capability), True (the engine's credit manager) or a

@@ -213,8 +213,8 @@ void req_start(struct mre_engine *e, struct qp *q)
         return;
     r->nxt = r->tx_ptr = r->high = q->attr.sq_psn;
     int64_t to = ack_timeout_ns(q);
-    mre_rto_init(&r->rto, to > 0 ? to : 1000000000, r->min_rto_ns,
-                 to > 1000000000 ? to : 1000000000, 1000);
+    mre_rto_init(&r->rto, to > 0 ? to : 1000000000, r->min_rto_ns,   /* RTO_max: RESP-8's */
+                 to > 0 ? to : 1000000000, 1000);
     if (mre_paths_init(&r->paths, qp_metaroce(q) ? c->paths : 1, q->qpn, q->attr.dest_qpn,
                        c->seed) < 0)
         return;
@@ -612,6 +612,7 @@ static int req_send(struct mre_engine *e, struct qp *q, uint32_t wabs, uint32_t 
         s->sent_seq = r->tx_seq;
         s->path = (uint8_t)k;
     }
+    r->last_desc = e->out_tail - 1;
     r->tx_seq++;
     if (retx)
         r->retx++;
@@ -685,7 +686,7 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
         s->queued = 0;
         req_send(e, q, s->wqe, s->idx, now, 1);
     }
-    uint32_t window = q->attr.window, una = req_una(q);
+    uint32_t window = q->attr.window, una = req_una(q), sent = 0;
     for (;;) {
         if (r->tx_ptr == r->nxt) {
             if (r->sq_infl == r->sq_tail || q->state != MRE_RTS)
@@ -711,11 +712,14 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
             r->blocked = why;
             break;
         }
-        req_send(e, q, wabs, idx, now, retx);
+        sent += req_send(e, q, wabs, idx, now, retx);
         r->tx_ptr = psn_add(r->tx_ptr, span);
         if (psn_diff(r->tx_ptr, r->high) > 0)
             r->high = r->tx_ptr;
     }
+    if (sent && (r->blocked == MRE_BLK_WINDOW || r->blocked == MRE_BLK_CWND ||
+                 r->blocked == MRE_BLK_CREDIT) && r->last_desc - e->out_head <= e->out_mask)
+        e->out[r->last_desc & e->out_mask].flags |= MRE_PF_ACK_REQ;  /* the edge asks (RESP-1) */
     if (r->has_credit) {
         if (r->blocked == MRE_BLK_CREDIT) {
             if (r->credit.blocked_since < 0)
@@ -1148,6 +1152,7 @@ void req_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev, i
         return;
     if (progress) {
         r->retries = 0;
+        r->rnr_retries = 0;                /* RESP-6: rnr_retry counts NAKs of the same PSN */
         r->rto.backoff = 0;
         r->timer_base = now;
     }
