@@ -5,7 +5,7 @@ Clauses: CC-1 … CC-9, MP-1 … MP-5, SACK-5, RTO-1, RTO-3, COMPAT-4, COMPAT-5.
 
 import pytest
 
-from metaroce.engine import Access, Mode, SendWR, WcStatus, WrOpcode
+from metaroce.engine import Access, Mode, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.engine import packets as P
 from metaroce.engine.cc import CCConfig, Dcqcn, Pacer, WindowCC
 from metaroce.engine.credits import CreditConfig, CreditGate, CreditManager
@@ -126,7 +126,8 @@ def test_path_set_evicts_mostly_marked_path():
 
 
 def test_credit_manager_shares_the_bdp():
-    """CC-8: share = max(1, BDP packets / active senders); none below min_senders."""
+    """CC-8: share = max(1, ceil(BDP packets / active senders)) (rules decided: together the
+    shares cover one BDP); none below min_senders."""
     cfg = CreditConfig(link_rate_bps=100e9, base_rtt_ns=8_000, mtu=4096, idle_ns=20_000)
     m = CreditManager(cfg)
     assert cfg.bdp_pkts == 24
@@ -135,6 +136,8 @@ def test_credit_manager_shares_the_bdp():
     for k in range(2, 5):
         m.touch(k, 100)
     assert m.share(100) == 6
+    m.touch(5, 150)
+    assert m.share(150) == 5              # 24 / 5: 5 x 5 >= 24 (4 x 5 would leave a gap)
     for k in range(5, 60):
         m.touch(k, 200)
     assert m.share(200) == 1
@@ -264,3 +267,60 @@ def test_control_opcodes_are_ignored_in_compat_mode(QP):
     b.receive(P.Packet(int(O.MR_PROBE), 100, 0x22, place=P.Placement(0, 0, 0)), 0)
     a.receive(P.Packet(int(O.MR_CREDIT), 1, 0x11, grant=(True, 0, 0)), 0)
     assert b.take_packets() == [] and a.req.credit is None
+
+
+# --- the rules decided in docs/engine.md, on both engines -----------------------------------------
+
+def _pair(QP, mode, ab=None, ba=None, **modify):
+    a, b, mem = _connect(QP, mode)
+    for q in (a, b):
+        if modify:
+            q.modify(QPState.RTS, **modify)
+    loop = EventLoop(5)
+    return a, b, mem, loop, Pair(loop, a, b, ab or Impairment(), ba or Impairment())
+
+
+def test_rto_backs_off_to_the_local_ack_timeout_not_beyond(QP):
+    """RTO-1/RTO-2: RTO_max is the local ACK timeout (here 2^8 x 4.096 us = 1.05 ms). After one
+    RTT sample the RTO is RTO_min (50 us); with the responder black-holed it doubles up to the
+    local ACK timeout, never beyond, and the QP fails after retry_cnt expiries at it: within
+    milliseconds (with a 1 s RTO_max it took seconds)."""
+    a, b, _, loop, pair = _pair(QP, Mode.METAROCE, ab=Impairment(drop=lambda p, i: i >= 1),
+                                retry_cnt=3)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, b"x", 0, 1, 0x1000, 7))
+    loop.run(until=20_000)
+    assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS]
+    pair.post_send(a, SendWR(2, WrOpcode.RDMA_WRITE, b"y", 0, 1, 0x1000, 7))
+    loop.run(until=10**9, stop=lambda: bool(a.cq))
+    assert [c.status for c in a.poll_cq()] == [WcStatus.RETRY_EXC_ERR]
+    sends = [t for t, _ in pair.links[id(a)].log][1:]
+    gaps = [y - x for x, y in zip(sends, sends[1:])]
+    top = 4096 * 2**8
+    assert gaps == [50_000, 100_000, 200_000, 400_000, 800_000] + [top] * (len(gaps) - 5)
+    assert len(gaps) == 5 + 3 and loop.now < 10 * top
+
+
+def test_rnr_budget_is_per_psn(QP):
+    """RESP-6: rnr_retry counts RNR NAKs of the same PSN; progress restores it. Three SENDs,
+    each NAKed once before its receive is posted, complete with rnr_retry = 1."""
+    a, b, _, loop, pair = _pair(QP, Mode.COMPAT, rnr_retry=1)
+    for i in range(3):
+        loop.at(i * 100_000, pair.post_send, a, SendWR(i, WrOpcode.SEND, b"m", 0, 1))
+        loop.at(i * 100_000 + 5_000, pair.post_recv, b, RecvWR(i, bytearray(4)))
+    loop.run(until=10**9)
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(i, WcStatus.SUCCESS) for i in range(3)]
+    assert a.req.stats["rnr"] == 3
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_packet_at_the_window_edge_asks_for_an_ack(QP, mode):
+    """The last packet a closed window lets out carries AckReq / ACK_NOW (RESP-1; the wire's
+    rule): a 20-packet WRITE through an 8-packet window completes without a timeout."""
+    a, b, mem, loop, pair = _pair(QP, mode, window=8)
+    data = bytes(range(256)) * 80
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, data, 0, len(data), 0x1000, 7))
+    loop.run(until=100_000)                  # far below the 1 ms local ACK timeout
+    assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS] and mem[:len(data)] == data
+    assert a.req.stats["timeouts"] == 0
+    first8 = [p for _, p in pair.links[id(a)].log][:8]
+    assert [p.ack_req for p in first8] == [False] * 7 + [True]

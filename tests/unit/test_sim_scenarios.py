@@ -55,6 +55,15 @@ def test_incast_with_credits_bounds_queue_and_is_fair():
     assert free["drops"] > 0 and free["max_queue_bytes"] > 2 * bound
 
 
+def test_incast_shares_keep_the_link_full():
+    """Rules decided (docs/engine.md): shares of ceil(BDP / senders) keep one BDP in flight.
+    8 senders on a 14-packet BDP: 8 x 2 packets, the link stays near line rate (BDP // 8 = 1
+    packet each left 43 % of it idle: 56 Gbit/s)."""
+    r = S.run_incast(8, True, "metaroce", seed=1, **INCAST)
+    assert r["drops"] == 0 and r["app_errors"] == 0 and r["goodput_bps"] >= 90e9
+    assert r["max_queue_bytes"] < S.Fabric().buffer_bytes / 4
+
+
 def test_incast_checks_fail_when_senders_ignore_credit():
     """The queue-bound expectation fails against a sender that ignores its credit limit."""
     broken = S.run_incast(32, True, "metaroce", seed=1, _test_break="ignore_credit", **INCAST)
