@@ -41,6 +41,7 @@ bench: setup
 	$(PY) tools/bench/incast.py --quick
 	$(PY) tools/bench/multipath.py --quick
 	$(PY) tools/bench/sim_scale.py --quick --jobs 2
+	$(PY) tools/bench/engine_cost.py --quick
 	$(PY) tools/bench/allreduce.py --hosts 3 --quick
 	$(PY) tools/bench/report.py
 

@@ -734,8 +734,9 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
 /* ---- MetaRoCE selective repeat ------------------------------------------------------------- */
 
 /* Every sent PSN with no evidence of arrival, one per READ (its first missing response), oldest
- * first, not those already queued for retransmission. */
-static uint32_t holes(struct qp *q, uint32_t *out)
+ * first, not those already queued for retransmission. With limit >= 0, SEND/WRITE holes stop
+ * at PSN limit (READs and atomics are all listed). */
+static uint32_t holes(struct qp *q, uint32_t *out, int64_t limit)
 {
     struct requester *r = &q->req;
     uint32_t n = 0, cap = r->sb_mask + 1;
@@ -746,10 +747,15 @@ static uint32_t holes(struct qp *q, uint32_t *out)
                 out[n++] = wpsn(w, w->una_idx);
             continue;
         }
+        if (limit >= 0 && !w->needs_response && psn_diff(wpsn(w, w->una_idx),
+                                                           (uint32_t)limit) > 0)
+            continue;
         for (uint32_t i = w->una_idx; i < w->npkts; i++) {
             struct sb_ent *s = sb_lookup(q, wpsn(w, i));
             if (!s)
                 return n;             /* first transmissions go in PSN order */
+            if (limit >= 0 && !w->needs_response && psn_diff(s->psn, (uint32_t)limit) > 0)
+                break;
             if (!s->acked && !s->seen && !s->queued && n < cap)
                 out[n++] = s->psn;
         }
@@ -787,7 +793,10 @@ static void detect_losses(struct mre_engine *e, struct qp *q, int64_t now)
     int has_srtt = r->rto.has_srtt;
     int64_t recency = has_srtt ? (int64_t)(r->rto.srtt + 2 * r->rto.rttvar) : 0;
     double last_rtt = r->last_rtt > 0 ? (double)r->last_rtt : 0.0;
-    uint32_t *h = r->scratch, nh = holes(q, h), nlost = 0;
+    /* A SEND/WRITE hole beyond the furthest SACKed PSN is lost by neither rule: (b) needs it
+     * 16 below; (a) needs a never-retransmitted packet sent after it SACKed, and such a packet
+     * has a higher PSN than the hole's first transmission, so it is at most the furthest. */
+    uint32_t *h = r->scratch, nh = holes(q, h, r->high_sacked), nlost = 0;
     for (uint32_t j = 0; j < nh; j++) {
         struct sb_ent *s = sb_lookup(q, h[j]);
         struct wqe *w = sqw(r, s->wqe);
@@ -836,7 +845,7 @@ static void retransmit_all(struct mre_engine *e, struct qp *q, int64_t now)
 {
     struct requester *r = &q->req;
     int broken = (q->cfg.breaks & MRE_BREAK_NO_HOLE_RETRANSMIT) != 0;
-    uint32_t *h = r->scratch, nh = holes(q, h);
+    uint32_t *h = r->scratch, nh = holes(q, h, -1);
     for (uint32_t j = 0; j < nh; j++) {
         struct sb_ent *s = sb_lookup(q, h[j]);
         if (!s)
@@ -924,14 +933,14 @@ static int on_sack(struct mre_engine *e, struct qp *q, const struct mre_event *e
         }
     }
     uint32_t far = cum;
-    for (uint32_t i = 0; i < SACK_BITS; i++) {                  /* bit i = PSN cum + 2 + i */
-        if (!(ev->sack[i >> 6] >> (i & 63) & 1))
-            continue;
-        uint32_t p = psn_add(cum, 2 + i);
-        struct sb_ent *s = sb_lookup(q, p);
-        if (s) {
-            cover(q, sqw(r, s->wqe), s, newly, &n);
-            far = p;
+    for (uint32_t word = 0; word < 2; word++) {                  /* bit i = PSN cum + 2 + i */
+        for (uint64_t bits = ev->sack[word]; bits; bits &= bits - 1) {
+            uint32_t p = psn_add(cum, 2 + word * 64 + (uint32_t)__builtin_ctzll(bits));
+            struct sb_ent *s = sb_lookup(q, p);
+            if (s) {
+                cover(q, sqw(r, s->wqe), s, newly, &n);
+                far = p;
+            }
         }
     }
     if (r->high_sacked < 0 || psn_diff(far, (uint32_t)r->high_sacked) > 0)
@@ -1277,7 +1286,7 @@ void req_on_timer(struct mre_engine *e, struct qp *q, int64_t now)
     r->timer_base = now;
     if (qp_metaroce(q)) {
         r->rto.backoff++;
-        uint32_t *h = r->scratch, nh = holes(q, h);
+        uint32_t *h = r->scratch, nh = holes(q, h, -1);
         if (nh) {
             struct sb_ent *s = sb_lookup(q, h[0]);
             if (s)
