@@ -165,7 +165,8 @@ int mre_take_tx(struct mre_engine *e, struct mre_pkt *out, int max, int64_t now)
                 e->rd_last = NONE32;
         }
     }
-    if (n == 0) {                     /* room again: QPs that stopped on a full ring go on */
+    if (n == 0 && e->txq_blocked) {   /* room again: QPs that stopped on a full ring go on */
+        e->txq_blocked = 0;
         for (uint32_t i = 0; i < e->nqps && eng_out_room(e); i++) {
             struct qp *q = &e->qps[i];
             if (q->used && q->req.blocked == MRE_BLK_TXQ && qp_can_send(q))

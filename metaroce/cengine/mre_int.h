@@ -212,6 +212,7 @@ struct mre_engine {
     uint32_t cq_mask, cq_head, cq_tail;
     uint64_t cq_overruns;
     uint32_t rd_first, rd_last; /* QPs with READ responses to send, in order */
+    uint8_t txq_blocked;       /* some QP stopped because the output ring was full */
     struct mre_credit_mgr credit;
     uint8_t has_credit;
 };

@@ -123,7 +123,7 @@ class QueuePair:
     def __init__(self, qpn: int, mode: Mode = Mode.COMPAT, mrs: MRTable | None = None,
                  min_rto_ns: int = 50_000, _test_break: str | set | None = None,
                  cc: CCConfig | None = None, paths: int = 1, credits=None, seed: int = 0,
-                 engine: Engine | None = None, sq_cap: int = 4096, rq_cap: int = 1024):
+                 engine: Engine | None = None, sq_cap: int = 1024, rq_cap: int = 1024):
         """``credits``: None (no CREDIT capability), True (the engine's credit manager) or a
         CreditManager (QPs given the same one share an engine); ``engine``: the NIC this QP
         lives on (default: a private one)."""

@@ -676,7 +676,7 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
         }
         uint8_t why = gate(q, w, s->idx, now, 0);
         if (!why && !eng_out_room(e))
-            why = MRE_BLK_TXQ;
+            why = e->txq_blocked = MRE_BLK_TXQ;
         if (why) {
             r->blocked = why;
             arm(q, now);
@@ -707,7 +707,7 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
         int retx = sb_lookup(q, r->tx_ptr) != NULL;
         uint8_t why = gate(q, w, idx, now, !retx);
         if (!why && !eng_out_room(e))
-            why = MRE_BLK_TXQ;
+            why = e->txq_blocked = MRE_BLK_TXQ;
         if (why) {
             r->blocked = why;
             break;
