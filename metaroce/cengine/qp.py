@@ -7,6 +7,7 @@ completions across and exposes the engine's counters (``req.stats``, ``resp.stat
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from dataclasses import replace
 
@@ -105,16 +106,15 @@ class Engine:
                 qps[cq[i].qp]._completed(cq[i])
 
 
-_SHARED: dict[int, tuple[CreditManager, Engine]] = {}
+_SHARED: "weakref.WeakKeyDictionary[CreditManager, Engine]" = weakref.WeakKeyDictionary()
 
 
-def _engine_for(credits) -> Engine:
+def _engine_for(credits: CreditManager) -> Engine:
     """QPs given the same Python CreditManager share one engine (one receiving NIC)."""
-    ent = _SHARED.get(id(credits))
-    if ent is None or ent[0] is not credits:
-        ent = (credits, Engine(credits.cfg))
-        _SHARED[id(credits)] = ent
-    return ent[1]
+    eng = _SHARED.get(credits)
+    if eng is None:
+        eng = _SHARED[credits] = Engine(credits.cfg)
+    return eng
 
 
 class QueuePair:
