@@ -1110,7 +1110,8 @@ int nic_rx(struct xdp_md *ctx)
      * once per refined state and run out of budget):
      *  - TVer must be 0 (HDR-1);
      *  - BTH through ICRC is a multiple of 4 bytes, and only payload opcodes may pad (WIRE-10);
-     *  - the QP's P_Key is the default 0xFFFF, a full member: only 0x7FFF/0xFFFF match (HDR-2). */
+     *  - the QP's P_Key is the default 0xFFFF, a full member: only 0x7FFF/0xFFFF match (HDR-2);
+     *    a CNP is exempt, whatever its P_Key (HDR-12: NICs send 0xFFFF in every partition). */
     {
         u32 rop = op & 0x3F;
         u32 cls = (op >> 6) ^ 2;                          /* 0 for CNP's class (0x80-0xBF) */
@@ -1118,7 +1119,7 @@ int nic_rx(struct xdp_md *ctx)
         u32 bad = (bth.flags & 0x0F) | (l4 & 3) | (pad & (payload - 1));
         if (bad)
             return verdict(RX_MALFORMED, XDP_DROP);
-        u32 pk = (bpf_ntohs(bth.pkey) & 0x7FFF) ^ 0x7FFF;
+        u32 pk = ((bpf_ntohs(bth.pkey) & 0x7FFF) ^ 0x7FFF) & -(u32)(op != CNP_OPCODE);
         if (pk)
             return verdict(RX_BAD_PKEY, XDP_DROP);
     }

@@ -27,7 +27,6 @@ KNOWN: dict[str, str] = {
     "access.segment": "RESP-15",     # a WRITE_MIDDLE shorter than the MTU is accepted
     "imm.invalidate": "HDR-15",      # SEND with invalidate is dropped silently, not NAKed
     "cc.cnp_gen": "COMPAT-7",        # no CNP for a CE-marked packet that is also ACKed
-    "cc.cnp_rx": "HDR-12",           # a CNP with another P_Key is dropped
 }
 
 
