@@ -953,6 +953,9 @@ static __always_inline u32 on_mr_request(struct xdp_md *ctx, const struct roce_p
         } else {
             reason = on_atomic(ctx, rp, qpn, qp, op, psn, 0, l4, pl, PETH_LEN);
         }
+    } else if ((op | 1) == RC_SEND_ONLY_WITH_INVALIDATE) {
+        /* not implemented (optional, HDR-14): an invalid request, never a silent drop */
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     } else {
         return RX_UNSUPPORTED_OPCODE;
     }
@@ -1101,7 +1104,10 @@ int nic_rx(struct xdp_md *ctx)
     if (!from_peer(&rp, qp))
         return verdict(RX_WRONG_SOURCE, XDP_DROP);
     int mr = op >= MR_OPCODE_MIN;
-    if ((op > RC_FETCH_ADD && op != CNP_OPCODE && !mr) || (mr && op > MR_FETCH_ADD))
+    /* SEND with invalidate (0x16, 0x17; 0xD6, 0xD7) passes: not implemented, it is answered
+     * NAK 0x61 below (HDR-15); 0x15 and 0xD5 are reserved */
+    if ((op > RC_SEND_ONLY_WITH_INVALIDATE && op != CNP_OPCODE && !mr) ||
+        (mr && op > (MR_OPCODE_MIN | RC_SEND_ONLY_WITH_INVALIDATE)) || (op & 0x3F) == 0x15)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
     if (op != CNP_OPCODE && mr != !!qp->metaroce)  /* the other mode's opcodes (EXT-2) */
         return verdict(RX_WRONG_MODE, XDP_DROP);
@@ -1200,8 +1206,10 @@ int nic_rx(struct xdp_md *ctx)
         reason = on_read(ctx, &rp, qpn, qp, psn, 0, l4, &pl, 0, 0);
     } else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
         reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 0, l4, &pl, 0);
+    } else if ((op | 1) == RC_SEND_ONLY_WITH_INVALIDATE) {   /* optional (HDR-14): NAK 0x61 */
+        reason = fatal(&pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     } else {
-        reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above, or 0x15 */
+        reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above */
     }
     if (!pl.kind && rp.ecn == 3) {             /* CE: tell the sender, at most once per interval */
         u64 now = bpf_ktime_get_ns();

@@ -89,7 +89,7 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
         op = P.base(f.opcode)
     except ValueError:
         return Result(Verdict.NAK_INVALID, s)
-    if op not in P.REQUESTS:
+    if op not in P.REQUESTS and op not in P.SEND_INVALIDATE:
         return Result(Verdict.DROP, s)
     npsn = P.npackets(f.reth.length, s.mtu) if op in P.READ_REQ and f.reth else 1
     d = psnm.diff(f.psn, s.epsn)
@@ -104,6 +104,8 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
         if s.sent_psn_nak:
             return Result(Verdict.DROP, s, npsn)
         return Result(Verdict.NAK_SEQ, replace(s, sent_psn_nak=True), npsn)
+    if op in P.SEND_INVALIDATE:             # not implemented (HDR-14): an invalid request
+        return Result(Verdict.NAK_INVALID, s, npsn)
     verdict, s2, target = (_check_metaroce if s.metaroce else _check_compat)(s, f, op)
     if verdict is not Verdict.ACCEPT:
         if verdict is Verdict.RNR and not s.metaroce:

@@ -25,7 +25,6 @@ METAROCE = [sys.executable, "-m", "metaroce.cli"]
 # Spec version 2 (issue 23) found four more in the compat data path, open here until fixed:
 KNOWN: dict[str, str] = {
     "access.segment": "RESP-15",     # a WRITE_MIDDLE shorter than the MTU is accepted
-    "imm.invalidate": "HDR-15",      # SEND with invalidate is dropped silently, not NAKed
     "cc.cnp_gen": "COMPAT-7",        # no CNP for a CE-marked packet that is also ACKed
 }
 

@@ -135,3 +135,20 @@ def test_verdict_is_pure():
     a = v(M, **mw(0, off=512))
     b = v(M, **mw(0, off=512))
     assert a == b and M == before
+
+
+@pytest.mark.parametrize("state,op", [(C, O.RC_SEND_ONLY_WITH_INVALIDATE),
+                                      (C, O.RC_SEND_LAST_WITH_INVALIDATE),
+                                      (M, O.MR_SEND_ONLY_WITH_INVALIDATE)])
+def test_send_with_invalidate_is_an_invalid_request(state, op):
+    """HDR-14/HDR-15: send with invalidate is optional; not implementing it, the responder
+    answers an in-order one as an invalid request, never a silent drop (was DROP)."""
+    place = Placement(0, 0, 0) if state.metaroce else None
+    assert v(state, opcode=op, psn=state.epsn, payload_len=8, place=place).verdict \
+        is Verdict.NAK_INVALID
+    # PSN classes come first: a duplicate is a duplicate, a compat gap is a gap
+    assert v(state, opcode=op, psn=(state.epsn - 1) % 2**24, payload_len=8,
+             place=place).verdict is Verdict.DUPLICATE
+    if not state.metaroce:
+        assert v(state, opcode=op, psn=(state.epsn + 1) % 2**24, payload_len=8).verdict \
+            is Verdict.NAK_SEQ
