@@ -341,7 +341,10 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
         rkey = qp->wr_rkey;
         left = qp->wr_left;
     }
-    if (len > left || (ends && len != left))     /* payload and DMA length disagree */
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    /* payload and DMA length disagree, or the segmentation is not the MTU's (RESP-15): FIRST
+     * and MIDDLE carry exactly the MTU and leave more to come, nothing carries more */
+    if (len > left || (ends && len != left) || len > pmtu || (!ends && (len != pmtu || left <= pmtu)))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     u64 rkey_slot = 0;
     struct recv_wqe *w = NULL;
@@ -410,6 +413,9 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         qp->nak_sent = 1;            /* the gap behind an RNR NAK is not NAKed again (RESP-6) */
         return RX_RNR;
     }
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    if (len > pmtu || (!ends && len != pmtu) || (ends && !first && !len))   /* RESP-15 */
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     if (first)
         qp->send_off = 0;
     if (qp->send_off + len > w->length) {        /* longer than the receive buffer */

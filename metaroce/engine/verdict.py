@@ -154,9 +154,9 @@ def _check_compat(s: RespState, f: PktFields, op):
             r = f.reth
             if r is None:
                 return Verdict.NAK_INVALID, s, None
-            if (op in P.WRITE_ONLY and n != r.length) or (op in P.WRITE_FIRST and
-                                                           (n != mtu or r.length <= mtu)):
-                return Verdict.NAK_INVALID, s, None
+            if (op in P.WRITE_ONLY and (n != r.length or n > mtu)) or \
+                    (op in P.WRITE_FIRST and (n != mtu or r.length <= mtu)):
+                return Verdict.NAK_INVALID, s, None             # RESP-15
             if n and not _mr_ok(s, r.rkey, r.va, r.length, Access.REMOTE_WRITE):
                 return Verdict.NAK_ACCESS, s, None
             va, rkey, remaining = r.va, r.rkey, r.length
@@ -165,8 +165,8 @@ def _check_compat(s: RespState, f: PktFields, op):
                 return Verdict.NAK_INVALID, s, None
             va, rkey, remaining = s.cur_va, s.cur_rkey, s.cur_remaining
             if (op in P.WRITE_MIDDLE and (n != mtu or remaining <= mtu)) or \
-               (op in P.WRITE_LAST and n != remaining):
-                return Verdict.NAK_INVALID, s, None
+               (op in P.WRITE_LAST and (n != remaining or n > mtu)):
+                return Verdict.NAK_INVALID, s, None             # RESP-15
         if op in P.CONSUMES_RECV and s.recv_head not in s.recv:
             return Verdict.RNR, s, None
         last = op in P.WRITE_LAST | P.WRITE_ONLY
@@ -184,8 +184,8 @@ def _check_compat(s: RespState, f: PktFields, op):
         if s.seq is not Seq.SEND:
             return Verdict.NAK_INVALID, s, None
         off = s.cur_off
-        if (op in P.SEND_MIDDLE and n != mtu) or n > mtu:
-            return Verdict.NAK_INVALID, s, None
+        if (op in P.SEND_MIDDLE and n != mtu) or n > mtu or (op in P.SEND_LAST and not n):
+            return Verdict.NAK_INVALID, s, None                 # RESP-15: LAST has 1 .. MTU
     if off + n > s.recv[s.recv_head]:
         return Verdict.NAK_INVALID, s, None  # receiver: LOC_LEN_ERR
     last = op in P.SEND_LAST | P.SEND_ONLY

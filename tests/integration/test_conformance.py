@@ -24,7 +24,6 @@ METAROCE = [sys.executable, "-m", "metaroce.cli"]
 # bpf/nic/nic.bpf.c and metaroce/nic/device.py; a new one goes here with its clause while open.
 # Spec version 2 (issue 23) found four more in the compat data path, open here until fixed:
 KNOWN: dict[str, str] = {
-    "access.segment": "RESP-15",     # a WRITE_MIDDLE shorter than the MTU is accepted
     "cc.cnp_gen": "COMPAT-7",        # no CNP for a CE-marked packet that is also ACKed
 }
 

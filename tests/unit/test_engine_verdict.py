@@ -152,3 +152,23 @@ def test_send_with_invalidate_is_an_invalid_request(state, op):
     if not state.metaroce:
         assert v(state, opcode=op, psn=(state.epsn + 1) % 2**24, payload_len=8).verdict \
             is Verdict.NAK_SEQ
+
+
+def test_compat_length_checks_of_resp_15():
+    """RESP-15 (G12), as Linux rxe: FIRST/MIDDLE exactly the MTU, LAST 1 .. MTU, ONLY at most
+    the MTU, a WRITE's packets adding up to its DMA length."""
+    big = v(C, opcode=O.RC_RDMA_WRITE_ONLY, psn=0xFFFFFF, payload_len=300,
+            reth=Reth(0x1000, 7, 300))
+    assert big.verdict is Verdict.NAK_INVALID                  # ONLY beyond the MTU
+    first = v(C, opcode=O.RC_RDMA_WRITE_FIRST, psn=0xFFFFFF, payload_len=256,
+              reth=Reth(0x1000, 7, 1000))
+    assert v(first.state, opcode=O.RC_RDMA_WRITE_MIDDLE, psn=0, payload_len=128).verdict \
+        is Verdict.NAK_INVALID                                 # MIDDLE short of the MTU
+    mid = v(first.state, opcode=O.RC_RDMA_WRITE_MIDDLE, psn=0, payload_len=256)
+    assert v(mid.state, opcode=O.RC_RDMA_WRITE_LAST, psn=1, payload_len=488).verdict \
+        is Verdict.NAK_INVALID                                 # LAST beyond the MTU
+    sf = v(C, opcode=O.RC_SEND_FIRST, psn=0xFFFFFF, payload_len=256)
+    assert sf.verdict is Verdict.ACCEPT
+    assert v(sf.state, opcode=O.RC_SEND_LAST, psn=0, payload_len=0).verdict \
+        is Verdict.NAK_INVALID                                 # LAST without payload (was ACCEPT)
+    assert v(sf.state, opcode=O.RC_SEND_LAST, psn=0, payload_len=1).verdict is Verdict.ACCEPT
