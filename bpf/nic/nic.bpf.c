@@ -1217,9 +1217,15 @@ int nic_rx(struct xdp_md *ctx)
     } else {
         reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above */
     }
-    if (!pl.kind && rp.ecn == 3) {             /* CE: tell the sender, at most once per interval */
+    /* CE: tell the sender, at most once per interval (COMPAT-7). One packet in, one out: a CE
+     * mark is owed a CNP until one goes, so when a reply is due now (or the interval has not
+     * passed) the CNP goes instead of the answer to a later request packet that needs none; a
+     * reply never cancels it. (ecn + 1) >> 2 is 1 for CE only, without a branch. */
+    qp->cnp_owed |= (rp.ecn + 1) >> 2;
+    if (!pl.kind && qp->cnp_owed) {
         u64 now = bpf_ktime_get_ns();
         if (now >= qp->cnp_next_ns) {
+            qp->cnp_owed = 0;
             qp->cnp_next_ns = now + CNP_INTERVAL_NS;
             qp->np_cnp_sent++;
             pl.kind = REPLY_CNP;
