@@ -96,7 +96,9 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
     if d < 0:
         return Result(Verdict.DUPLICATE, s, npsn)
     if s.metaroce:
-        if d + npsn > s.window:
+        # SACK-9: the window holds the request's PSN; a READ at ePSN takes its n response PSNs
+        # beyond it, one ahead of ePSN is recorded only if they fit (else repaired as lost)
+        if d >= s.window or (d > 0 and d + npsn > s.window):
             return Result(Verdict.DROP, s, npsn)
         if s.bitmap >> d & 1:
             return Result(Verdict.DUPLICATE, s, npsn)

@@ -181,3 +181,19 @@ def test_infinite_timeout_retransmits_but_never_fails():
     assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS)]
     assert a.req.stats["timeouts"] > 2 + 3 and a.req.rto.max == 10**9
     assert bytes(mem[:7]) == b"patient"
+
+
+def test_a_read_larger_than_the_window():
+    """SACK-9 (G2): the window bounds a request's PSN, not its responses': a READ of 4 W MTUs
+    is answered in full and the requests after it go once the responses arrived (the engine
+    refused such a READ at post time, and its responder dropped it)."""
+    a, b, mem, loop, pair = setup(window=8)
+    mem[:] = bytes(range(256)) * 64
+    n = 4 * 8 * 256                                  # 32 MTUs, window 8
+    buf = bytearray(n)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_READ, buf, 0, n, BASE, RKEY))
+    pair.post_send(a, SendWR(2, WrOpcode.RDMA_WRITE, b"after", 0, 5, BASE + n, RKEY))
+    loop.run()
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS),
+                                                           (2, WcStatus.SUCCESS)]
+    assert bytes(buf) == bytes(mem[:n]) and bytes(mem[n:n + 5]) == b"after"
