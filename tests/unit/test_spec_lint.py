@@ -84,9 +84,15 @@ def _edit(path, old, new):
     path.write_text(text.replace(old, new, 1))
 
 
-def test_levels_must_match_content(tmp_path):
+def _one_document(tmp_path, text):
     (tmp_path / "README.md").write_text("# x\n")
-    (tmp_path / "01-encapsulation.md").write_text(
+    (tmp_path / "01-encapsulation.md").write_text(text)
+    return tmp_path
+
+
+def test_levels_must_match_content(tmp_path):
+    _one_document(
+        tmp_path,
         "**WIRE-1** (MUST, Compat) *Mixed.* It MUST do a and SHOULD do b. Test: wire.\n\n"
         "**WIRE-2** (MUST, Compat) *Permission.* It MUST do a and MAY do b. Test: wire.\n\n"
         "**WIRE-3** (MAY, Compat) *Quoted.* A `MUST` clause is quoted; a device MAY do it. "
