@@ -1178,8 +1178,8 @@ int nic_rx(struct xdp_md *ctx)
     if (qp->state == QP_RX_ERROR)
         return verdict(RX_QP_ERROR, XDP_DROP);
 #endif
-    if (rp.ecn == 3)
-        qp->np_ecn_marked_roce_packets++;
+    qp->np_ecn_marked_roce_packets += (rp.ecn + 1) >> 2;   /* CE (3) only; no branch, so the
+                                                          * verifier does not split every path */
     u32 ahead = (psn - qp->epsn) & PSN_MASK;
     if (ahead && ahead < PSN_HALF) {           /* a gap: NAK it once, drop until it fills */
         qp->out_of_sequence++;
