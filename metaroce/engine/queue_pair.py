@@ -16,7 +16,6 @@ from .credits import CreditManager
 from .qp import Mode, QPAttr, QPState, QPStateError, check_transition
 from .requester import Requester
 from .responder import Responder
-from .rto import RTO_MIN_NS
 from .wr import WC_OF_WR, Completion, RecvWR, SendWR, WcStatus
 
 TEST_BREAKS = {"complete_before_ack", "no_hole_retransmit", "atomic_reexecute"}
@@ -25,7 +24,7 @@ CNP, MR_CREDIT, MR_PROBE = int(Opcode.CNP), int(Opcode.MR_CREDIT), int(Opcode.MR
 
 class QueuePair:
     def __init__(self, qpn: int, mode: Mode = Mode.COMPAT, mrs: MRTable | None = None,
-                 min_rto_ns: int = RTO_MIN_NS, _test_break: str | set | None = None,
+                 min_rto_ns: int = 50_000, _test_break: str | set | None = None,
                  cc: CCConfig | None = None, paths: int = 1,
                  credits: CreditManager | None = None, seed: int = 0):
         """``cc``: congestion control (None: PSN window only); ``paths``: MetaRoCE multipath

@@ -20,7 +20,7 @@ from .cc import Dcqcn, Pacer, WindowCC
 from .credits import CreditGate
 from .multipath import PathSet
 from .qp import Mode, rnr_timer_ns
-from .rto import RTO_MAX_INFINITE_NS, RTO_MIN_NS, RtoEstimator
+from .rto import RtoEstimator
 from .wr import ATOMICS, NEEDS_RESPONSE, WC_OF_WR, Completion, SendWR, WcStatus, WrOpcode
 
 ACK_REQ_EVERY = 16  # AckReq on the last packet of a message and on every 16th packet
@@ -77,7 +77,7 @@ class _Wqe:
 
 
 class Requester:
-    def __init__(self, qp, min_rto_ns: int = RTO_MIN_NS):
+    def __init__(self, qp, min_rto_ns: int = 50_000):
         self.qp = qp
         self.pending: deque[_Wqe] = deque()  # posted, no PSN yet
         self.inflight: deque[_Wqe] = deque()  # PSNs assigned, not completed (posting order)
@@ -116,8 +116,8 @@ class Requester:
     def start(self, sq_psn: int) -> None:
         self.nxt = self.tx_ptr = self.high = sq_psn
         ack_to = self.qp.attr.local_ack_timeout_ns
-        rto_max = ack_to or RTO_MAX_INFINITE_NS          # RTO-1, RTO-4
-        self.rto = RtoEstimator(rto_max, min_ns=min(self.min_rto_ns, rto_max), max_ns=rto_max)
+        self.rto = RtoEstimator(ack_to or 1_000_000_000, min_ns=self.min_rto_ns,
+                                max_ns=ack_to or 1_000_000_000)  # RTO_max: RESP-8's timeout
         a, cfg = self.qp.attr, self.qp.cc_cfg
         npaths = self.qp.npaths if self.metaroce else 1
         self.paths = PathSet(npaths, a.qpn, a.dest_qpn, self.qp.seed)
