@@ -62,6 +62,7 @@ class TesterSide:
 class Adapter:
     name = "?"
     caps: frozenset = frozenset()     # memory, recv, post_send, counters, fresh, psn
+    claims: tuple = ()                # the conformance profiles the DUT claims (spec PROF-1)
     dut_ip = ""
 
     def __init__(self, mode: str):
@@ -102,6 +103,7 @@ class ReferenceAdapter(Adapter):
 
     name = "reference"
     caps = frozenset({"memory", "recv", "post_send", "counters", "fresh", "psn"})
+    claims = ("compat", "base", "multipath")     # what its CM offers and accepts (spec 12.4)
 
     def __init__(self, mode: str, lab: str | None = None, defines: dict | None = None,
                  mr_bytes: int = 1 << 20):

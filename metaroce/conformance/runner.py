@@ -1,5 +1,6 @@
 """Run the catalogue against one adapter: open the DUT and the tester's raw socket, run every
-selected test, and collect results (passed / failed on a clause / skipped / error)."""
+selected test, and collect results (passed / failed on a MUST clause / warned: failed on a
+SHOULD clause / skipped / error)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
+from .. import spec
 from .adapters import ALL_ACCESS, Adapter
 from .catalogue import Case, cases
+from .profiles import in_profile
 from .tester import Failure, Peer, Skip, Wire
 
 
@@ -19,7 +22,7 @@ class Result:
     group: str
     clauses: list
     title: str
-    status: str                 # passed | failed | skipped | error
+    status: str                 # passed | failed | warned | skipped | error
     clause: str = ""            # the clause a failure names
     message: str = ""
     seconds: float = 0.0
@@ -38,7 +41,7 @@ class RunReport:
 
     @property
     def counts(self) -> dict:
-        out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        out = {"passed": 0, "failed": 0, "warned": 0, "skipped": 0, "error": 0}
         for r in self.results:
             out[r.status] += 1
         return out
@@ -76,10 +79,12 @@ class Context:
         return p
 
 
-def select(pattern: str | None, mode: str) -> list[Case]:
-    """The catalogue's tests for mode, filtered by --only (comma-separated glob patterns that
-    match test IDs or clause IDs)."""
-    chosen = [c for c in cases() if mode in c.modes]
+def select(pattern: str | None, mode: str, profile: str | None = None) -> list[Case]:
+    """The catalogue's tests for mode (and, given one, in a profile's closure), filtered by
+    --only (comma-separated glob patterns that match test IDs or clause IDs)."""
+    tags = {c.id: c.profile for c in spec.clauses()}
+    chosen = [c for c in cases() if mode in c.modes and
+              (profile is None or in_profile(c, mode, profile, tags))]
     if not pattern:
         return chosen
     pats = [p.strip() for p in pattern.split(",") if p.strip()]
@@ -94,12 +99,19 @@ def select(pattern: str | None, mode: str) -> list[Case]:
     return [c for c in chosen if hit(c)]
 
 
-def run(adapter: Adapter, only: str | None = None, progress=None) -> RunReport:
+def _levels() -> dict[str, str]:
+    return {c.id: c.level for c in spec.clauses()}
+
+
+def run(adapter: Adapter, only: str | None = None, progress=None,
+        profile: str | None = None) -> RunReport:
     rep = RunReport(adapter.name, adapter.mode)
     t0 = time.monotonic()
-    chosen = select(only, adapter.mode)
+    chosen = select(only, adapter.mode, profile)
+    levels = _levels()
     if not chosen:
-        rep.error = f"no test matches --only {only!r} in {adapter.mode} mode"
+        rep.error = f"no test matches --only {only!r} in {adapter.mode} mode" + \
+            (f" and profile {profile}" if profile else "")
         return rep
     wire = None
     try:
@@ -117,7 +129,8 @@ def run(adapter: Adapter, only: str | None = None, progress=None) -> RunReport:
             try:
                 c.fn(ctx)
             except Failure as f:
-                r.status, r.clause, r.message = "failed", f.clause, f.message
+                r.clause, r.message = f.clause, f.message
+                r.status = "failed" if levels.get(f.clause, "MUST") == "MUST" else "warned"
             except Skip as sk:
                 r.status, r.message = "skipped", str(sk)
             except Exception as exc:  # noqa: BLE001 (a broken DUT may break the tester's flow)
@@ -126,7 +139,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None) -> RunReport:
                 r.clause = ""
                 tb = traceback.format_exc(limit=3)
                 r.message += "\n" + tb
-            if r.status in ("failed", "error"):
+            if r.status in ("failed", "warned", "error"):
                 for p in ctx.touched:            # a shared endpoint may be out of step now
                     if not p.broken:
                         try:

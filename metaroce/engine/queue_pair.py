@@ -104,7 +104,7 @@ class QueuePair:
             op = P.base(opc)
         except ValueError:
             return
-        if op in P.REQUESTS:
+        if op in P.REQUESTS or op in P.SEND_INVALIDATE:
             self.resp.handle(pkt, now)
         elif op in P.RESPONSES and self.state in (QPState.RTS, QPState.SQD):
             self.req.handle(pkt, now)

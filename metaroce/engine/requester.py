@@ -133,8 +133,6 @@ class Requester:
     def post(self, wr: SendWR) -> None:
         mtu = self.qp.attr.path_mtu
         n = 1 if wr.opcode in ATOMICS else P.npackets(wr.length, mtu)
-        if wr.opcode is WrOpcode.RDMA_READ and n > self.qp.attr.window:
-            raise ValueError("READ longer than window x MTU is not supported in this slice")
         consumes = wr.opcode in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM,
                                  WrOpcode.RDMA_WRITE_WITH_IMM)
         data = bytes(wr.local[wr.offset:wr.offset + wr.length]) if wr.opcode not in NEEDS_RESPONSE \
@@ -220,8 +218,8 @@ class Requester:
                 self._assign(self.pending.popleft())
             w, idx = self.slots[self.tx_ptr]
             span = w.npkts - idx if w.wr.opcode is WrOpcode.RDMA_READ else 1
-            if psnm.distance(self.tx_ptr, una) + span > window:
-                self.blocked = "window"
+            if psnm.distance(self.tx_ptr, una) >= window:   # SACK-9: the request's PSN, not
+                self.blocked = "window"                     # its responses', must be inside
                 break
             retx = w.sent_at[idx] is not None
             why = self._gate(w, idx, now, not retx)
@@ -385,8 +383,9 @@ class Requester:
                 self.pump(now)
             return
         self.stats["timeouts"] += 1
-        if not self.metaroce or self.rto.rto_ns >= self.rto.max:
-            self.retries += 1  # RTO-2: in MetaRoCE mode only expiries at RTO_max count
+        if not self.metaroce or (self.rto.rto_ns >= self.rto.max and
+                                 self.qp.attr.local_ack_timeout_ns is not None):
+            self.retries += 1  # RTO-2: only expiries at RTO_max count; RTO-4: none if infinite
         if self.retries > self.qp.attr.retry_cnt:
             self._fail(self.inflight[0], WcStatus.RETRY_EXC_ERR)
             return

@@ -34,3 +34,51 @@ def test_only_matches_ids_groups_and_clauses():
     assert select("COMPAT-2", "metaroce") == [c for c in by_clause if "metaroce" in c.modes]
     assert {c.id for c in select("sack-*", "metaroce")} >= {"psn.gap_sack", "psn.window_edge"}
     assert select("nothing.here", "roce") == []
+
+
+# ---- profiles (spec section 12) -------------------------------------------------------------
+
+def test_every_profile_is_covered_or_explained():
+    from metaroce.conformance.profiles import KEYS
+    for key in KEYS:
+        cov = report.coverage(profile=key)
+        assert cov["missing"] == [], key
+        assert cov["must_total"] == cov["covered"] + cov["not_testable"]
+    assert report.coverage(profile="compat")["must_total"] < \
+        report.coverage(profile="base")["must_total"] < report.coverage()["must_total"]
+
+
+def test_tests_belong_to_the_profile_of_their_mode_and_clauses():
+    from metaroce.conformance.profiles import case_profile, modes_for
+    by_id = {c.id: c for c in cases()}
+    assert case_profile(by_id["hdr.icrc"], "roce") == "compat"
+    assert case_profile(by_id["hdr.icrc"], "metaroce") == "base"
+    assert case_profile(by_id["psn.gap_sack"], "metaroce") == "base"
+    assert modes_for("compat") == ("roce",) and modes_for("multipath") == ("roce", "metaroce")
+    compat = select(None, "roce", "compat")
+    assert compat == select(None, "roce") and "psn.gap_nak" in {c.id for c in compat}
+    assert select(None, "metaroce", "compat") == []
+    assert {c.id for c in select(None, "metaroce", "base")} >= {"psn.gap_sack", "hdr.icrc"}
+    assert select("access.*", "metaroce", "base") == [c for c in select(None, "metaroce", "base")
+                                                      if c.id.startswith("access.")]
+
+
+def test_profile_results_fold_the_modes_together():
+    """Compat-only is the compat-mode run; MetaRoCE-Base adds the MetaRoCE-mode run; a failed
+    SHOULD clause is a warning, never a failure."""
+    from metaroce.conformance.runner import Result, RunReport
+    roce = RunReport("x", "roce", results=[
+        Result("hdr.icrc", "hdr", [], "", "passed"),
+        Result("hdr.udp_checksum", "hdr", [], "", "warned", "WIRE-15")])
+    mr = RunReport("x", "metaroce", results=[Result("psn.gap_sack", "psn", [], "", "failed",
+                                                    "SACK-2")])
+    table = report.profile_table([roce])
+    assert set(table) == {"compat"} and table["compat"]["ok"]
+    assert table["compat"]["warned"] == 1 and roce.exit_code == 0
+    table = report.profile_table([roce, mr])
+    assert table["compat"]["ok"] and not table["base"]["ok"] and not table["multipath"]["ok"]
+    assert table["base"]["passed"] == 1 and table["base"]["failed"] == 1
+    assert "metaroce:psn.gap_sack" in table["base"]["tests"]
+    assert "roce:hdr.icrc" in table["multipath"]["tests"]
+    md = report.profiles_md(table)
+    assert "MetaRoCE-Base (`base`) | **FAIL**" in md and "Compat-only (`compat`) | **pass**" in md

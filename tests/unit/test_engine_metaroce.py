@@ -172,3 +172,48 @@ def test_karn_no_sample_from_retransmitted_packets():
     loop.run()
     assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS]
     assert a.req.stats["timeouts"] == 1 and a.req.rto.samples == 0
+
+
+def test_rto_defaults_of_the_spec():
+    """RTO-1/PAR-2: RTO_min 50 us, G 5 us, RTO_max = the local ACK timeout (was max(it, 1 s)),
+    and RTO = RTO_max before the first sample (was a 10 us floor, 1 us G)."""
+    e = RtoEstimator(initial_ns=10**6)
+    e.sample(1_000)
+    assert e.rto_ns == 50_000                        # SRTT 1 us + max(4 x 0.5 us, 5 us) < RTO_min
+    e = RtoEstimator(initial_ns=10**6, min_ns=1)
+    for _ in range(20):
+        e.sample(10_000)                             # RTTVAR falls below G / 4
+    assert e.rto_ns == int(e.srtt + 5_000)
+    a, b, mem, loop, pair = setup(timeout=14)
+    assert a.req.rto.max == 4096 << 14 == a.req.rto.rto_ns   # before a sample: RTO_max
+    a, b, mem, loop, pair = setup(timeout=0)
+    assert a.req.rto.max == 10**9                    # RTO-4: 1 s with an infinite timeout
+
+
+def test_infinite_timeout_retransmits_but_never_fails():
+    """RTO-4 (C9): timeout 0 in MetaRoCE mode still repairs a loss with the RTO, but its
+    expiries consume no retry_cnt: a responder silent for 12 s does not fail the QP."""
+    silent_until = 12 * 10**9
+    drop = lambda p, i: loop.now < silent_until
+    a, b, mem, loop, pair = setup(ab=Impairment(drop=drop), timeout=0, retry_cnt=2)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, b"patient", 0, 7, BASE, RKEY))
+    loop.run(until=silent_until + 3 * 10**9)
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS)]
+    assert a.req.stats["timeouts"] > 2 + 3 and a.req.rto.max == 10**9
+    assert bytes(mem[:7]) == b"patient"
+
+
+def test_a_read_larger_than_the_window():
+    """SACK-9 (G2): the window bounds a request's PSN, not its responses': a READ of 4 W MTUs
+    is answered in full and the requests after it go once the responses arrived (the engine
+    refused such a READ at post time, and its responder dropped it)."""
+    a, b, mem, loop, pair = setup(window=8)
+    mem[:] = bytes(range(256)) * 64
+    n = 4 * 8 * 256                                  # 32 MTUs, window 8
+    buf = bytearray(n)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_READ, buf, 0, n, BASE, RKEY))
+    pair.post_send(a, SendWR(2, WrOpcode.RDMA_WRITE, b"after", 0, 5, BASE + n, RKEY))
+    loop.run()
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS),
+                                                           (2, WcStatus.SUCCESS)]
+    assert bytes(buf) == bytes(mem[:n]) and bytes(mem[n:n + 5]) == b"after"
