@@ -282,8 +282,8 @@ int mre_qp_modify(struct mre_engine *e, uint32_t h, uint32_t state, const struct
         return MRE_E_STATE;
     if (!attr_ok(a))
         return MRE_E_INVAL;
-    if (q->req.started && a->window > q->req.sb_mask / 2 + 1)
-        return MRE_E_INVAL;                 /* the scoreboard was sized at RTS */
+    if (q->req.started && req_reserve(q, a->window, 0) < 0)
+        return MRE_E_FULL;                  /* a larger window: the scoreboard grows */
     q->attr = *a;
     uint8_t old = q->state;
     q->state = (uint8_t)state;

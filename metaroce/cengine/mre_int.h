@@ -20,6 +20,8 @@
 #define SACK_DELAY_NS 2000     /* responder: an accepted packet is SACKed within this delay */
 #define ACK_SYNDROME 0x1F      /* ACK, credits invalid (AETH_ACK_UNLIMITED) */
 #define MSN_MASK 0xFFFFFFu
+#define RTO_G_NS 5000          /* RTO-1: G, the RTTVAR floor of the RTO */
+#define RTO_MAX_INFINITE_NS 1000000000   /* RTO_max when the local ACK timeout is infinite (RTO-4) */
 
 /* RC opcodes (IBTA 9.2); MetaRoCE = 0xC0 | RC opcode (EXT-2) */
 enum {
@@ -65,6 +67,7 @@ struct requester {
     uint32_t *rtxq;            /* PSNs declared lost, served ahead of new data */
     uint32_t rtxq_mask, rtxq_head, rtxq_tail;
     uint32_t *scratch;         /* hole lists (size of the scoreboard) */
+    uint32_t read_max;         /* PSNs of the largest READ posted (sizes the scoreboard) */
     uint32_t nxt, tx_ptr, high;
     uint32_t tx_wqe;           /* cached: the WQE tx_ptr is in */
     uint32_t last_desc;        /* output ring index of the latest packet sent */
@@ -237,6 +240,7 @@ void req_free(struct qp *q);
 void req_reset(struct qp *q);
 void req_start(struct mre_engine *e, struct qp *q);
 int req_post(struct mre_engine *e, struct qp *q, const struct mre_wqe *w);
+int req_reserve(struct qp *q, uint32_t window, uint32_t read_max);
 void req_pump(struct mre_engine *e, struct qp *q, int64_t now);
 void req_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev, int64_t now);
 int64_t req_deadline(const struct mre_engine *e, struct qp *q);

@@ -209,8 +209,7 @@ class QueuePair:
         w.local = int(self.ffi.cast("uintptr_t", keep)) + wr.offset if keep is not None else 0
         rc = self.lib.mre_post_send(self.engine.e, self.h, w, now)
         if rc < 0:
-            raise ValueError("READ longer than window x MTU is not supported"
-                             if rc == -3 else f"post_send failed (engine error {rc})")
+            raise ValueError(f"post_send failed (engine error {rc})")
         self._send_keep.append(keep)
         self._drain(now)
 

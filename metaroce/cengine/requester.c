@@ -151,24 +151,58 @@ void req_free(struct qp *q)
     mre_paths_free(&q->req.paths);
 }
 
-/* Arrays sized by the window: the scoreboard holds twice the window so that no entry a lookup
- * can still ask for is reused (a PSN is sent only within the window above una). */
-static int req_size_window(struct qp *q)
+/* Arrays sized by the window and the largest READ: every PSN a lookup can still ask for (from the
+ * first PSN of the oldest WQE, at most n_max below una, up to high, below una + W + n_max since a
+ * request is sent only within the window above una, SACK-9) has its own entry. Growing keeps the
+ * live entries (the newest PSNs) and the retransmission queue. */
+static uint32_t sb_size_for(uint32_t window, uint32_t read_max)
+{
+    uint32_t need = window + (window > 2 * read_max ? window : 2 * read_max);
+    return pow2(need < 256 ? 256 : need);
+}
+
+static void sb_rehash(struct requester *r, struct qp *q, struct sb_ent *sb, uint32_t size)
+{
+    if (!r->started || r->sq_head == r->sq_infl)
+        return;
+    uint32_t span = psn_dist(r->high, sqw(r, r->sq_head)->first_psn);   /* [first, high) */
+    for (uint32_t k = 1; k <= span && k <= size; k++) {     /* the newest PSNs */
+        struct sb_ent *s = sb_lookup(q, psn_add(r->high, -(int64_t)k));
+        if (s)
+            sb[s->psn & (size - 1)] = *s;
+    }
+}
+
+int req_reserve(struct qp *q, uint32_t window, uint32_t read_max)
 {
     struct requester *r = &q->req;
-    uint32_t size = pow2(2 * q->attr.window < 256 ? 256 : 2 * q->attr.window);
-    if (r->sb && size <= r->sb_mask + 1)
-        return 0;
-    req_free_window(r);
-    r->sb = calloc(size, sizeof(*r->sb));
-    r->rtxq = malloc(sizeof(*r->rtxq) * size * 2);
-    r->scratch = malloc(sizeof(*r->scratch) * size);
-    if (!r->sb || !r->rtxq || !r->scratch) {
+    uint32_t rmax = read_max > r->read_max ? read_max : r->read_max, size = sb_size_for(window, rmax);
+    if (!r->sb || size > r->sb_mask + 1) {
+        struct sb_ent *sb = calloc(size, sizeof(*sb));
+        uint32_t *rtxq = malloc(sizeof(*rtxq) * size * 2);
+        uint32_t *scratch = malloc(sizeof(*scratch) * size);
+        if (!sb || !rtxq || !scratch) {
+            free(sb);
+            free(rtxq);
+            free(scratch);
+            return -1;
+        }
+        uint32_t nq = 0;
+        if (r->sb) {
+            sb_rehash(r, q, sb, size);
+            for (uint32_t i = r->rtxq_head; i != r->rtxq_tail; i++)
+                rtxq[nq++] = r->rtxq[i & r->rtxq_mask];
+        }
         req_free_window(r);
-        return -1;
+        r->sb = sb;
+        r->rtxq = rtxq;
+        r->scratch = scratch;
+        r->sb_mask = size - 1;
+        r->rtxq_mask = 2 * size - 1;
+        r->rtxq_head = 0;
+        r->rtxq_tail = nq;
     }
-    r->sb_mask = size - 1;
-    r->rtxq_mask = 2 * size - 1;
+    r->read_max = rmax;
     return 0;
 }
 
@@ -209,12 +243,11 @@ void req_start(struct mre_engine *e, struct qp *q)
 {
     struct requester *r = &q->req;
     const struct mre_qp_cfg *c = &q->cfg;
-    if (req_size_window(q) < 0)
+    if (req_reserve(q, q->attr.window, 0) < 0)
         return;
     r->nxt = r->tx_ptr = r->high = q->attr.sq_psn;
-    int64_t to = ack_timeout_ns(q);
-    mre_rto_init(&r->rto, to > 0 ? to : 1000000000, r->min_rto_ns,   /* RTO_max: RESP-8's */
-                 to > 0 ? to : 1000000000, 1000);
+    int64_t to = ack_timeout_ns(q), rto_max = to > 0 ? to : RTO_MAX_INFINITE_NS;
+    mre_rto_init(&r->rto, rto_max, r->min_rto_ns, rto_max, RTO_G_NS);   /* RTO-1, RTO-4 */
     if (mre_paths_init(&r->paths, qp_metaroce(q) ? c->paths : 1, q->qpn, q->attr.dest_qpn,
                        c->seed) < 0)
         return;
@@ -250,8 +283,9 @@ int req_post(struct mre_engine *e, struct qp *q, const struct mre_wqe *in)
     if (in->opcode > MRE_WR_ATOMIC_FETCH_AND_ADD)
         return MRE_E_INVAL;
     uint32_t n = atomic ? 1 : npackets(in->length, q->attr.path_mtu);
-    if (in->opcode == MRE_WR_RDMA_READ && n > q->attr.window)
-        return MRE_E_INVAL;                   /* a READ's responses must fit the window */
+    if (in->opcode == MRE_WR_RDMA_READ && n > r->read_max &&   /* SACK-9: any READ length */
+        req_reserve(q, q->attr.window, n) < 0)
+        return MRE_E_FULL;
     struct wqe *w = sqw(r, r->sq_tail);
     memset(w, 0, sizeof(*w));
     w->wr = *in;
@@ -700,8 +734,8 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
         struct wqe *w = sqw(r, wabs);
         uint32_t idx = psn_dist(r->tx_ptr, w->first_psn);
         uint32_t span = w->is_read ? w->npkts - idx : 1;
-        if (psn_dist(r->tx_ptr, una) + span > window) {
-            r->blocked = MRE_BLK_WINDOW;
+        if (psn_dist(r->tx_ptr, una) >= window) {     /* SACK-9: the request's PSN, not its */
+            r->blocked = MRE_BLK_WINDOW;              /* responses', must be inside */
             break;
         }
         int retx = sb_lookup(q, r->tx_ptr) != NULL;
@@ -1277,8 +1311,8 @@ void req_on_timer(struct mre_engine *e, struct qp *q, int64_t now)
         return;
     }
     r->timeouts++;
-    if (!qp_metaroce(q) || mre_rto_ns(&r->rto) >= r->rto.max)
-        r->retries++;                     /* RTO-2: MetaRoCE counts expiries at RTO_max only */
+    if (!qp_metaroce(q) || (mre_rto_ns(&r->rto) >= r->rto.max && q->attr.timeout != 0))
+        r->retries++;          /* RTO-2: only expiries at RTO_max count; RTO-4: none if infinite */
     if (r->retries > (int32_t)q->attr.retry_cnt) {
         fail(e, q, r->sq_head, MRE_WC_RETRY_EXC_ERR);
         return;

@@ -374,7 +374,9 @@ static void verdict(const struct mre_engine *e, struct qp *q, const struct mre_p
         return;
     }
     if (mr) {
-        if ((int64_t)d + o->npsn > s->window) {
+        /* SACK-9: the window holds the request's PSN; a READ at ePSN takes its n response PSNs
+         * beyond it, one ahead of ePSN is recorded only if they fit (else repaired as lost) */
+        if ((uint32_t)d >= s->window || (d > 0 && (int64_t)d + o->npsn > s->window)) {
             o->v = V_DROP;
             return;
         }
@@ -748,11 +750,11 @@ static void duplicate(struct mre_engine *e, struct qp *q, const struct mre_pkt *
             execute_atomic(e, q, &pd);
         else if (executed && a)
             atomic_ack(e, q, &pd, a->value);            /* never applied twice */
-    } else if (p->flags & MRE_PF_ACK_REQ) {
-        if (qp_metaroce(q))
+    } else if (qp_metaroce(q)) {
+        if (p->flags & MRE_PF_ACK_REQ)              /* SACK-3: with AckReq or ACK_NOW */
             sack(e, q, ACK_SYNDROME, -1, 0, 0);
-        else
-            ack(e, q, ACK_SYNDROME, psn_add(s->epsn, -1), 0);
+    } else {                                        /* RESP-4, RESP-16: every duplicate */
+        ack(e, q, ACK_SYNDROME, psn_add(s->epsn, -1), 0);   /* SEND/WRITE */
     }
 }
 
@@ -793,6 +795,10 @@ void resp_handle(struct mre_engine *e, struct qp *q, const struct mre_pkt *p, in
         uint32_t psn = p->psn & PSN_MASK;
         int32_t d = psn_diff(psn, s->epsn);
         if (d == 0) {
+            /* a READ's response PSNs are never recorded; with more of them than the bitmap
+             * holds (SACK-9) they are all its bits */
+            for (uint32_t i = 1; i < o.npsn && i <= s->bm_mask + 1; i++)
+                bit_clear(s, psn_add(psn, i));
             s->epsn = psn_add(s->epsn, o.npsn);
             while (bit_get(s, s->epsn)) {
                 bit_clear(s, s->epsn);
@@ -801,10 +807,6 @@ void resp_handle(struct mre_engine *e, struct qp *q, const struct mre_pkt *p, in
         } else {
             for (uint32_t i = 0; i < o.npsn; i++)
                 bit_set(s, psn_add(psn, i));
-        }
-        if (d == 0 && qp_metaroce(q)) {   /* a READ's response PSNs are never recorded */
-            for (uint32_t i = 1; i < o.npsn; i++)
-                bit_clear(s, psn_add(psn, i));
         }
         s->rx_bytes += p->len;
         if (q->cfg.credits && e->has_credit && qp_metaroce(q))

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaroce.engine import Mode
+from metaroce.engine import Mode, QPState
 from metaroce.engine.cc import CCConfig
 from metaroce.engine.credits import CreditConfig, CreditManager
+from metaroce.engine.psn import diff as psn_diff
 from metaroce.sim.channel import Impairment, Pair
 from metaroce.wire.consts import Opcode as O
 from tests.unit.engine_harness import MTU, Op, build, finish, random_ops
@@ -31,31 +32,43 @@ LOSSY = Impairment(delay_ns=2_000, jitter_ns=3_000, loss=0.08, dup=0.1)
 
 
 class MarkingPair(Pair):
-    """A channel that also CE-marks a seeded fraction of the packets it delivers."""
+    """A channel that also CE-marks a seeded fraction of the packets it delivers, and counts
+    the SEND/WRITE packets without AckReq that reach a responder as duplicates (RESP-16)."""
 
     ce = 0.0
+    dup_no_ackreq = 0
 
     def _deliver(self, qp, pkt):
         if self.ce and self._ce_rng.random() < self.ce:
             pkt = replace(pkt, ce=True)
+        resp, op = qp.py.resp.state, pkt.opcode & ~0xC0 if pkt.opcode >= 0xC0 else pkt.opcode
+        if resp is not None and op <= O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE and not pkt.ack_req \
+                and psn_diff(pkt.psn, resp.epsn) < 0:
+            MarkingPair.dup_no_ackreq += 1
         super()._deliver(qp, pkt)
 
 
 def run(mode, wseed, nops=16, ab=LOSSY, ba=LOSSY, psn=(0xFFFFF0, 0xFFFFF4), ce=0.0, ops=None,
-        **kw):
-    """One seeded workload in lockstep; returns (property violations, disagreements, run)."""
+        until=5 * 10**9, silent_until=0, **kw):
+    """One seeded workload in lockstep; returns (property violations, disagreements, run).
+    silent_until: the a -> b link loses everything before this time (ns)."""
     seed = wseed
+    clock = []
+    if silent_until:
+        ab = replace(ab, drop=lambda p, i: not clock or clock[0].now < silent_until)
     ops = ops or random_ops(random.Random(seed), nops)
     import tests.unit.engine_harness as H
     pair_cls = H.Pair
     MarkingPair.ce = ce
     MarkingPair._ce_rng = random.Random(seed ^ 0xCE)
+    MarkingPair.dup_no_ackreq = 0
     H.Pair = MarkingPair
     try:
         r = build(mode, ops, seed, ab, ba, *psn, impl="diff", **kw)
     finally:
         H.Pair = pair_cls
-    errs = finish(r)
+    clock.append(r.loop)
+    errs = finish(r, until)
     disagree = r.a.mismatches + r.b.mismatches + r.a.memory_differs() + r.b.memory_differs()
     return errs, disagree, r
 
@@ -126,6 +139,67 @@ def test_receiver_credits_agree(seed, drop_grants):
     assert errs == [] and disagree == []
     assert r.b.resp.stats["grants"] > 0
     assert (r.a.req.stats["probes"] > 0) == drop_grants
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_duplicate_send_and_write_is_re_acked_alike(seed):
+    """RESP-16: compat-mode duplicates of SEND/WRITE packets without AckReq (the first and
+    middle packets of messages the channel duplicates, in order) are re-ACKed by both engines,
+    with some of the ACKs lost."""
+    rng = random.Random(seed)
+    ops = [Op(rng.choice(["write", "write", "send", "write_imm"]), rng.randint(2 * MTU, 3 * MTU))
+           for _ in range(12)]
+    errs, disagree, r = run(Mode.COMPAT, seed, ops=ops, ab=Impairment(delay_ns=2_000, dup=0.4),
+                            ba=Impairment(delay_ns=2_000, loss=0.1))
+    assert errs == [] and disagree == []
+    assert MarkingPair.dup_no_ackreq > 0
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_an_infinite_timeout_never_fails_alike(mode):
+    """RESP-8 / RTO-4: timeout 0, retry_cnt 1 and a responder that hears nothing for 3.5 s.
+    MetaRoCE: the RTO still runs (RTO_max 1 s: a retransmission a second) and its expiries
+    consume no retry_cnt, so the QP completes everything once the link is back. Compat: no
+    retransmission timer at all; the QP neither retransmits nor fails."""
+    ops = [Op("write", 3 * MTU), Op("read", 2 * MTU), Op("send", MTU)]
+    errs, disagree, r = run(mode, 1, ops=ops, ab=Impairment(delay_ns=2_000),
+                            ba=Impairment(delay_ns=2_000), silent_until=3_500_000_000,
+                            until=8 * 10**9, timeout=0, retry_cnt=1)
+    assert disagree == []
+    if mode is Mode.METAROCE:
+        assert errs == [] and r.a.req.stats["timeouts"] == 4 and r.a.req.rto.max == 10**9
+    else:
+        assert r.a.req.stats["timeouts"] == 0 and r.req_done == []
+        assert r.a.state is QPState.RTS and r.a.next_deadline() is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_rto_granularity_floor_agrees(seed):
+    """RTO-1: RTO = SRTT + max(4 RTTVAR, G) with G = 5 us. With a 1 us RTO_min and round
+    trips that differ by a few hundred ns at first, 4 RTTVAR is below G and G decides the
+    retransmission deadlines (a C engine with the old G of 1 us disagrees at the first SACKs)."""
+    steady = Impairment(delay_ns=2_000, loss=0.05)
+    errs, disagree, r = run(Mode.METAROCE, seed, 20, ab=steady, ba=steady, cc=CC,
+                            min_rto_ns=1_000)
+    assert errs == [] and disagree == []
+    assert r.a.req.rto.min == 1_000 and r.a.req.rto.samples > 20
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("seed", range(3))
+def test_reads_larger_than_the_window_agree(mode, seed):
+    """SACK-9: READs of up to 5 W MTUs among WRITEs and SENDs, window 32, over a lossy channel
+    with duplicates: only a request's PSN must lie in the window, a READ at ePSN is accepted
+    whatever its length and one ahead whose responses do not fit is dropped. The READ of 5 W,
+    posted while the first WRITE is in flight, grows the C engine's scoreboard (it refused any
+    READ of more than W MTUs at post time)."""
+    w, rng = 32, random.Random(seed)
+    kinds = [rng.choice(["read", "read", "write", "send"]) for _ in range(6)]
+    ops = [Op("write", 3 * MTU), Op("read", 5 * w * MTU)] + \
+          [Op(k, rng.randint(MTU, 3 * (MTU if k == "send" else w * MTU))) for k in kinds]
+    errs, disagree, r = run(mode, seed, ops=ops, window=w, region_size=5 * w * MTU)
+    assert errs == [] and disagree == []
+    assert r.a.req.stats["retx"] > 0
 
 
 @pytest.mark.parametrize("brk,mode", [("complete_before_ack", Mode.COMPAT),

@@ -217,3 +217,18 @@ def test_a_read_larger_than_the_window():
     assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS),
                                                            (2, WcStatus.SUCCESS)]
     assert bytes(buf) == bytes(mem[:n]) and bytes(mem[n:n + 5]) == b"after"
+
+
+def test_a_window_raised_in_rts_is_used():
+    """The PSN window may be raised in RTS (RTS -> RTS): the requester then sends up to the new
+    window at once (the C engine refused a window larger than the one its scoreboard was sized
+    for at RTS; the scoreboard grows now, as for a READ larger than any before, SACK-9)."""
+    a = H.IMPLS[H.DEFAULT_IMPL](0x11, Mode.METAROCE, H.MRTable())
+    a.modify(QPState.INIT)
+    a.modify(QPState.RTR, dest_qpn=0x22, rq_psn=0, path_mtu=256, window=8)
+    a.modify(QPState.RTS, sq_psn=0xFFFFF0)
+    a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(290 * 256), 0, 290 * 256, BASE, RKEY))
+    assert len(a.take_packets()) == 8
+    a.modify(QPState.RTS, window=300)
+    a.post_send(SendWR(2, WrOpcode.RDMA_WRITE, bytes(1), 0, 1, BASE, RKEY))
+    assert [p.psn for p in a.take_packets()] == [(0xFFFFF8 + i) % 2**24 for i in range(283)]
