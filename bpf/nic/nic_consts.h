@@ -10,7 +10,8 @@
 #define MAX_MRS 4096
 #endif
 #ifndef RQ_DEPTH
-#define RQ_DEPTH 256              /* receive WQEs per QP (a power of two) */
+#define RQ_DEPTH 256              /* receive WQEs per QP at most (a power of two): the largest
+                                   * receive queue ring (bpf/nic/nic_vq.h) */
 #endif
 #ifndef RD_DEPTH
 #define RD_DEPTH 16               /* outstanding READ/ATOMIC requests per QP (a power of two) */
@@ -141,7 +142,9 @@
 #define RX_BEYOND_WINDOW 22       /* MetaRoCE: PSN past the receive window, or a READ/ATOMIC
                                    * ahead of the cumulative PSN (PLACE-5): not recorded */
 #define RX_BAD_PKEY 23             /* P_Key does not match the QP's (HDR-2) */
-#define RX_NREASONS 24
+#define RX_BAD_RECV_WQE 24        /* the owner's receive queue holds a WQE (or an index) no
+                                   * receive can be: the QP goes to ERR */
+#define RX_NREASONS 25
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0

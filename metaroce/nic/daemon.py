@@ -1,9 +1,12 @@
 """The software RNIC daemon (`metaroce up`): owns the XDP NIC of one device in one network
 namespace. The program is attached through a BPF link held by this process, so if the daemon
-dies for any reason the kernel stops placing and acknowledging at once. Applications talk to it
-over a local control socket (JSON lines: requests with an "id" get a reply with that id;
-completions arrive as {"event": "wc"} lines); memory regions travel to their owner as map fds
-(SCM_RIGHTS), so an application can map only the MRs it registered, and everything a
+dies for any reason the kernel stops placing and acknowledging at once. Applications use it
+through a local control socket for control verbs (JSON lines: requests with an "id" get a reply
+with that id, carrying "fds": n when n descriptors travel with it by SCM_RIGHTS; async events
+arrive as {"event": "async"} lines) and through shared memory for the data path: each QP's
+send and receive rings and each CQ's completion ring are memfds handed to their owner, posted
+to and polled without a system call (metaroce/nic/vrings.py). Memory regions travel to their
+owner as map fds, so an application can map only the MRs it registered, and everything a
 connection created is reclaimed when it closes."""
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
 from .rx import RxPath
+from .vrings import drain_eventfd
 
 
 
@@ -92,16 +96,12 @@ def _in_netns_of(dev: DeviceId, fn, *args):
     return out[0] if out else None
 
 
-def _checked_wrs(wrs) -> list:
-    """Work requests are objects whose wr_id fits 64 bits: it is stored in BPF maps when the
-    request is sent (a READ's slot), long after the request was accepted."""
-    wrs = list(wrs)
-    for wr in wrs:
-        if not isinstance(wr, dict):
-            raise MetaroceError("a work request is a JSON object")
-        if not 0 <= int(wr.get("wr_id", 0)) < 1 << 64:
-            raise MetaroceError("wr_id must fit 64 bits (0 .. 2^64-1)")
-    return wrs
+# Busy-polling: after the last work (a WQE taken, an event, a packet, a completion) the loop
+# spins on the rings and the NIC's event ring this long before it sleeps on the doorbells (see
+# docs/architecture.md for the measured trade-off: a sleeping daemon costs the next post a
+# cross-CPU wake-up, a spinning one burns the CPU it spins on)
+BUSY_POLL_S = 200e-6
+SPIN_SLICE_S = 50e-6    # one C spin at most this long (the control sockets are looked at between)
 
 
 class Daemon:
@@ -149,6 +149,8 @@ class Daemon:
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
         self.conns: set[Connection] = set()
         self.cut_off = 0                         # connections cut off for not reading
+        self._bells: set[int] = set()            # doorbell eventfds in the selector
+        self.loop_stats = {"sleeps": 0, "wakeups_by_doorbell": 0, "spins": 0}
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
@@ -161,6 +163,7 @@ class Daemon:
                             if self.device.credits else {"enabled": False}),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
+                "loop": {**self.loop_stats, "busy_poll_us": BUSY_POLL_S * 1e6},
                 "cqs": [c.describe() for c in self.device.cqs.values()
                         if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
@@ -194,13 +197,34 @@ class Daemon:
         if op == "dereg_mr":
             d.dereg_mr(conn, int(req["key"]))
             return {"ok": True}, []
+        if op == "create_comp_channel":
+            h, fd = d.create_comp_channel(conn)
+            return {"channel": h}, [fd]
+        if op == "destroy_comp_channel":
+            d.destroy_comp_channel(conn, int(req["channel"]))
+            return {"ok": True}, []
         if op == "create_cq":
-            cq = d.create_cq(conn, int(req.get("cqe", 1024)))
-            return {"cq": cq.handle, "cqe": cq.cqe, "ci_every": cq.report_every}, []
+            ch = req.get("channel")
+            cq = d.create_cq(conn, int(req.get("cqe", 1024)), None if ch is None else int(ch),
+                             shared=conn is not self.persistent)
+            if cq.ring is None:
+                return {"cq": cq.handle, "cqe": cq.cqe}, []
+            return ({"cq": cq.handle, "cqe": cq.cqe, "ring": cq.ring.describe()},
+                    [cq.ring.fd, d.channels[cq.channel][1]])
+        if op == "destroy_cq":
+            d.destroy_cq(conn, int(req["cq"]))
+            return {"ok": True}, []
         if op == "create_qp":
+            shared = conn is not self.persistent
             qp = d.create_qp(conn, int(req["pd"]), int(req["send_cq"]), int(req["recv_cq"]),
-                             dict(req.get("cap", {})))
-            return d.qp_attrs(qp), []
+                             dict(req.get("cap", {})), shared=shared)
+            if not shared:
+                return d.qp_attrs(qp), []
+            bell = d.doorbell(conn)
+            if bell not in self._bells:
+                self._bells.add(bell)
+                self._sel.register(bell, selectors.EVENT_READ, "doorbell")
+            return {**d.qp_attrs(qp), "rings": qp.rings.describe()}, [*qp.rings.fds, bell]
         if op == "connect_qp":
             qp = d.own_qp(conn, int(req["qpn"]))
             return d.connect_qp(qp, dict(req["remote"]), dict(req.get("attr", {}))), []
@@ -208,12 +232,6 @@ class Daemon:
             return d.qp_stats(d.own_qp(conn, int(req["qpn"]))), []
         if op == "destroy_qp":
             d.destroy_qp(conn, int(req["qpn"]))
-            return {"ok": True}, []
-        if op == "post_send":
-            d.post_send(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
-            return {"ok": True}, []
-        if op == "post_recv":
-            d.post_recv(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
             return {"ok": True}, []
         if op == "set_qp":           # raw receive state, for tools driving the wire directly
             qpn, pd = int(req["qpn"]), int(req["pd"])
@@ -245,11 +263,9 @@ class Daemon:
             if not isinstance(req, dict):
                 raise ValueError("a request is a JSON object")
             rid = req.get("id")
-            if req.get("cq_ci"):        # the consumer indexes it piggybacks, before the op
-                self.device.set_cq_ci(conn, req["cq_ci"])
-            if req.get("op") == "cq_ci":
-                return                  # a doorbell: no reply
             rep, fds = self._op(conn, req)
+            if fds:
+                rep = {**rep, "fds": len(fds)}
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the device)
@@ -317,6 +333,10 @@ class Daemon:
                   f"reclaimed", file=sys.stderr, flush=True)
         self._sel.unregister(conn)
         self.conns.discard(conn)
+        bell = self.device.doorbells.get(conn)
+        if bell is not None:
+            self._sel.unregister(bell)
+            self._bells.discard(bell)
         self.device.release(conn)
         for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
             self.rx.del_qp(qpn)       # raw QPs go with their connection
@@ -328,11 +348,9 @@ class Daemon:
         theirs)."""
         dev = self.device
         events = dev.take_async_events()
-        for cq, wcs in dev.take_wcs():
-            if cq.owner is self.persistent:
-                self.persistent.completed(cq, wcs)
-            else:
-                self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+        dev.settle_rings()
+        for cq, wcs in dev.take_wcs():          # only the daemon's own CQs are ring-less
+            self.persistent.completed(cq, wcs)
         for owner, ev in events:
             if owner is self.persistent:
                 continue                # its CQs are consumed at once: they never overrun
@@ -355,29 +373,55 @@ class Daemon:
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
         dev = self.device
         busy = 0
+        last_work = time.monotonic()
         try:
             while not self._stop:
+                slept = False
+                now = time.monotonic()
+                dl = dev.next_deadline()
                 if busy:
                     timeout = 0
+                elif now - last_work < BUSY_POLL_S:
+                    # busy-poll: the rings and the NIC's event ring, without a system call
+                    until = min(last_work + BUSY_POLL_S, now + SPIN_SLICE_S,
+                                dl if dl is not None else now + SPIN_SLICE_S)
+                    self.loop_stats["spins"] += 1
+                    dev.rings.spin(int(until * 1e9), dev.ring)
+                    timeout = 0
+                elif dev.rings.sleep():
+                    # need_wakeup is set on every ring: an application that posts now rings
+                    # its doorbell, which ends this select
+                    slept = True
+                    self.loop_stats["sleeps"] += 1
+                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - now))
                 else:
-                    dl = dev.next_deadline()
-                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - time.monotonic()))
+                    timeout = 0                 # work arrived while we said we would sleep
                 for key, mask in sel.select(timeout=timeout):
                     if key.data == "listen":
                         self._accept()
                         continue
                     if key.data == "ring":
                         continue
+                    if key.data == "doorbell":
+                        drain_eventfd(key.fd)
+                        self.loop_stats["wakeups_by_doorbell"] += 1
+                        continue
                     conn = key.data
                     if mask & selectors.EVENT_WRITE and not conn.closed:
                         self._send_queued(conn)
                     if mask & selectors.EVENT_READ and not conn.closed:
                         self._read(conn)
-                dev.on_events()
+                if slept:
+                    dev.rings.wake()
+                work = dev.drain_rings()
+                work += max(0, dev.on_events())
                 dev.tick(time.monotonic())
                 busy = dev.transmit()
-                dev.on_events()
+                work += max(0, dev.on_events())
+                work += len(dev.dirty_cqs)
                 self._deliver()
+                if work or busy:
+                    last_work = time.monotonic()
         finally:
             self.close()
 
