@@ -482,7 +482,11 @@ class Device:
         return taken
 
     def _ring_broken(self, qp: Qp, which: str) -> None:
-        """A producer index the owner wrote is impossible: an error completion and ERR."""
+        """A producer index the owner wrote is impossible: an error completion and ERR (once:
+        the rings are not read again)."""
+        qp.rings.set_broken()
+        if qp.state == "ERR":
+            return
         cq = qp.send_cq if which == "send" else qp.recv_cq
         self._wc(cq, {"wr_id": 0, "status": int(WcStatus.LOC_QP_OP_ERR),
                       "opcode": "SEND" if which == "send" else "RECV", "qp_num": qp.qpn,
@@ -518,7 +522,7 @@ class Device:
         NIC's program takes none any more)."""
         entries = qp.rings.fetch_recv(self.scratch)
         if entries is None:                     # an impossible index: nothing to flush
-            qp.rings.settle(len(qp.sq) + len(qp.pending), int(qp.rings.rq.head))
+            qp.rings.set_broken()
             return 0
         for e in entries:
             self._wc(qp.recv_cq, {"wr_id": e.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),

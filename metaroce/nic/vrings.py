@@ -117,6 +117,7 @@ class QpRings:
             raise MetaroceError("ring geometry refused")      # a bug, never input
         self.sq.paused = 1                   # the send queue is drained from RTS on
         self.rq = rq.view
+        self.broken = False                  # an impossible index was read: never drained again
 
     @property
     def fds(self) -> list[int]:
@@ -167,15 +168,21 @@ class QpRings:
             self.c.mr_vq_consume_to(self.rq, done)
 
     def set_ready(self, ready: bool) -> None:
-        self.sq.paused = 0 if ready else 1
+        self.sq.paused = 0 if ready and not self.broken else 1
 
     def set_error(self, recvs_done: int) -> None:
         """The QP is in ERR: the owner's library refuses to post; whatever is posted is
         flushed (the receives from recvs_done on)."""
         for q in (self.sq, self.rq):
             self.c.mr_vq_set_flags(q, C["MR_VQ_ERR"], 0)
-        self.sq.paused = 0
+        self.sq.paused = self.rq.paused = int(self.broken)
         self.c.mr_vq_consume_to(self.rq, recvs_done & 0xFFFFFFFF)
+
+    def set_broken(self) -> None:
+        """The owner wrote an index no ring can have: neither ring is read again (the QP is
+        in ERR; the owner can only destroy it)."""
+        self.broken = True
+        self.sq.paused = self.rq.paused = 1
 
     def close(self) -> None:
         self.mem.close()            # the receive ring goes with the QP's kernel state
@@ -263,6 +270,8 @@ class RingTable:
     def add(self, qp, view, is_send: bool = True) -> None:
         """A ring to drain: a QP's send queue; its receive queue only once the QP is in ERR
         (until then the NIC's program takes receives, and the daemon only flushes them)."""
+        if (qp, is_send) in self.owners:
+            return
         self.owners.append((qp, is_send))
         self._views.append(view)
         self._arr = None
