@@ -36,6 +36,7 @@ from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
+from .looptime import LoopTimer
 from .rx import RxPath
 from .vrings import drain_eventfd
 
@@ -101,7 +102,24 @@ def _in_netns_of(dev: DeviceId, fn, *args):
 # docs/architecture.md for the measured trade-off: a sleeping daemon costs the next post a
 # cross-CPU wake-up, a spinning one burns the CPU it spins on)
 BUSY_POLL_S = 200e-6
+
+
+def busy_poll_s() -> float:
+    """The busy-poll bound: BUSY_POLL_S, or METAROCE_BUSY_POLL_US (0 .. 1e6 microseconds; for
+    measuring the trade-off, tools/bench/busy_poll.py)."""
+    raw = os.environ.get("METAROCE_BUSY_POLL_US")
+    if raw is None:
+        return BUSY_POLL_S
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= 1e6:
+        raise MetaroceError(f"METAROCE_BUSY_POLL_US must be 0 .. 1000000 microseconds, "
+                            f"not {raw!r}")
+    return us / 1e6
 SPIN_SLICE_S = 50e-6    # one C spin at most this long (the control sockets are looked at between)
+SELECT_EVERY_S = 200e-6  # while there is work, the sockets and doorbells are looked at this often
 
 
 class Daemon:
@@ -110,6 +128,7 @@ class Daemon:
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
+        self.busy_poll_s = busy_poll_s()
         self.dev, self.mode = dev, mode
         self.started = time.time()
         enter(dev)                       # the daemon lives in its device's namespace
@@ -151,6 +170,7 @@ class Daemon:
         self.cut_off = 0                         # connections cut off for not reading
         self._bells: set[int] = set()            # doorbell eventfds in the selector
         self.loop_stats = {"sleeps": 0, "wakeups_by_doorbell": 0, "spins": 0}
+        self.timer = LoopTimer(("wait", "rings", "events", "transmit", "deliver"))
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
@@ -163,7 +183,8 @@ class Daemon:
                             if self.device.credits else {"enabled": False}),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
-                "loop": {**self.loop_stats, "busy_poll_us": BUSY_POLL_S * 1e6},
+                "loop": {**self.loop_stats, "busy_poll_us": round(self.busy_poll_s * 1e6, 3),
+                         "timing": self.timer.describe()},
                 "cqs": [c.describe() for c in self.device.cqs.values()
                         if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
@@ -373,57 +394,86 @@ class Daemon:
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
         dev = self.device
         busy = 0
-        last_work = time.monotonic()
+        last_work = last_select = time.monotonic()
+        timer = self.timer
+        busy_poll = self.busy_poll_s
         try:
             while not self._stop:
+                timer.start()
                 slept = False
                 now = time.monotonic()
-                dl = dev.next_deadline()
+                look = True                     # at the sockets and doorbells this round
                 if busy:
                     timeout = 0
-                elif now - last_work < BUSY_POLL_S:
-                    # busy-poll: the rings and the NIC's event ring, without a system call
-                    until = min(last_work + BUSY_POLL_S, now + SPIN_SLICE_S,
+                    look = now - last_select >= SELECT_EVERY_S
+                elif now - last_work < busy_poll:
+                    # busy-poll the rings and the NIC's event ring, without a system call; the
+                    # sockets are looked at between slices
+                    dl = dev.next_deadline()
+                    until = min(last_work + busy_poll, now + SPIN_SLICE_S,
                                 dl if dl is not None else now + SPIN_SLICE_S)
                     self.loop_stats["spins"] += 1
-                    dev.rings.spin(int(until * 1e9), dev.ring)
+                    found = dev.rings.spin(int(until * 1e9), dev.ring)
+                    if not found and (dl is None or time.monotonic() < dl):
+                        last_select = time.monotonic()
+                        if not self._select(0):
+                            continue            # nothing at all: spin on
+                        look = False
+                    else:
+                        look = now - last_select >= SELECT_EVERY_S
                     timeout = 0
                 elif dev.rings.sleep():
                     # need_wakeup is set on every ring: an application that posts now rings
                     # its doorbell, which ends this select
                     slept = True
                     self.loop_stats["sleeps"] += 1
+                    dl = dev.next_deadline()
                     timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - now))
                 else:
                     timeout = 0                 # work arrived while we said we would sleep
-                for key, mask in sel.select(timeout=timeout):
-                    if key.data == "listen":
-                        self._accept()
-                        continue
-                    if key.data == "ring":
-                        continue
-                    if key.data == "doorbell":
-                        drain_eventfd(key.fd)
-                        self.loop_stats["wakeups_by_doorbell"] += 1
-                        continue
-                    conn = key.data
-                    if mask & selectors.EVENT_WRITE and not conn.closed:
-                        self._send_queued(conn)
-                    if mask & selectors.EVENT_READ and not conn.closed:
-                        self._read(conn)
+                if look:
+                    last_select = now
+                    self._select(timeout)
                 if slept:
                     dev.rings.wake()
+                timer.mark("wait")
                 work = dev.drain_rings()
+                timer.mark("rings")
                 work += max(0, dev.on_events())
+                timer.mark("events")
                 dev.tick(time.monotonic())
                 busy = dev.transmit()
+                timer.mark("transmit")
                 work += max(0, dev.on_events())
                 work += len(dev.dirty_cqs)
                 self._deliver()
+                timer.mark("deliver")
                 if work or busy:
                     last_work = time.monotonic()
+                    timer.keep()
         finally:
             self.close()
+
+    def _select(self, timeout: float) -> int:
+        """Accept, read and write the control sockets and drain the doorbells that are ready
+        (waiting up to timeout); returns how many were."""
+        ready = self._sel.select(timeout=timeout)
+        for key, mask in ready:
+            if key.data == "listen":
+                self._accept()
+                continue
+            if key.data == "ring":
+                continue
+            if key.data == "doorbell":
+                drain_eventfd(key.fd)
+                self.loop_stats["wakeups_by_doorbell"] += 1
+                continue
+            conn = key.data
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._send_queued(conn)
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+        return len(ready)
 
     def _send_queued(self, conn: Connection) -> None:
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import MetaroceError
 from ..fastpath.vqlayout import (C, CQE, HDR_SIZE, MAX_SGE, RECV_WQE, RECV_WQE_DATA, SEND_WQE,
@@ -53,8 +53,7 @@ class SharedMemory:
             self.mm = None
 
 
-@dataclass(frozen=True)
-class SendEntry:
+class SendEntry(NamedTuple):
     """A send WQE as copied out of the ring (nothing here is checked yet)."""
     wr_id: int
     opcode: int
@@ -69,8 +68,7 @@ class SendEntry:
     swap: int
 
 
-@dataclass(frozen=True)
-class RecvEntry:
+class RecvEntry(NamedTuple):
     wr_id: int
     sges: list
 
