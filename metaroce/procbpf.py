@@ -121,9 +121,11 @@ def hash_entries(pid: int) -> dict[str, int]:
     return out
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of the process in KiB: VmRSS (all of it), RssAnon (its private heap:
+    what a leak grows) or RssShmem (shared memory it has touched, e.g. verbs rings)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise OSError(f"no VmRSS for pid {pid}")
+    raise OSError(f"no {field} for pid {pid}")

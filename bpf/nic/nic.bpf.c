@@ -18,7 +18,8 @@ struct plan {
     __u32 syndrome;
     __u32 msn;
     __u32 txc;        /* tx counter to bump */
-    __u32 pad;
+    __u32 se;         /* RECV_F_SOLICITED if the request's BTH has SE set (its completion is
+                       * a solicited event) */
     __u64 orig;
     struct reply_ext x;   /* MetaRoCE: SACK / MR atomic ACK fields */
 };
@@ -426,7 +427,7 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
     if (have) {
         u32 imm = 0;
         load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
-        rq_complete(qpn, qp, &wqe, EV_RECV, 0, qp->wr_len, imm, 3);
+        rq_complete(qpn, qp, &wqe, EV_RECV, 0, qp->wr_len, imm, 3 | pl->se);
     }
     if (ackreq)
         set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
@@ -485,7 +486,7 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         u32 imm = 0;
         if (has_imm)
             load32(ctx, rp->bth_off + BTH_LEN, &imm);
-        rq_complete(qpn, qp, w, EV_RECV, 0, qp->send_off, imm, has_imm ? 1 : 0);
+        rq_complete(qpn, qp, w, EV_RECV, 0, qp->send_off, imm, (has_imm ? 1 : 0) | pl->se);
     }
     if (ackreq)
         set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
@@ -884,7 +885,7 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
         u32 imm = 0;
         load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
         event_va(EV_RECV, qpn, psn, 0, wqe.wr_id, rsn, dmalen, imm,
-                 3 | (d == 0 ? 4 : 0), 0);     /* 4: in order, so complete now */
+                 3 | (d == 0 ? 4 : 0) | pl->se, 0);     /* 4: in order, so complete now */
     }
     return RX_PLACED;
 }
@@ -936,7 +937,7 @@ static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt 
         if (has_imm)
             load32(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &imm);
         event_va(EV_RECV, qpn, psn, 0, w->wr_id, rsn, offset + len, imm,
-                 (has_imm ? 1 : 0) | (d == 0 ? 4 : 0), 0);   /* 4: in order, complete now */
+                 (has_imm ? 1 : 0) | (d == 0 ? 4 : 0) | pl->se, 0);   /* 4: in order */
     }
     return RX_PLACED;
 }
@@ -1180,6 +1181,7 @@ int nic_rx(struct xdp_md *ctx)
 #endif
     qp->rx_packets++;
     struct plan pl = {};
+    pl.se = bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
     u32 reason;
 
     if (op == CNP_OPCODE) {                         /* the peer saw CE on our packets */

@@ -33,6 +33,7 @@ from .wqe import (MAX_MSG, MSG_CMP_SWAP, MSG_FETCH_ADD, MSG_READ_REQ, MSG_READ_R
                   not_in_pd)
 
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
+RECV_F_SOLICITED = 8     # EV_RECV flags: the message had SE set (bpf/nic/nic_consts.h)
 MSG_NAMES = {MSG_WRITE: "WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "READ", MSG_CMP_SWAP: "CMP_SWAP",
              MSG_FETCH_ADD: "FETCH_ADD"}
 WC_OPCODE = {MSG_WRITE: "RDMA_WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "RDMA_READ",
@@ -847,6 +848,8 @@ class Device:
                                                               WcStatus.LOC_PROT_ERR))}
         if e.flags & 1:
             wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
+        if e.flags & RECV_F_SOLICITED:
+            wc["solicited"] = True          # a solicited event (req_notify solicited_only)
         return wc
 
     def _reread(self, qp: Qp, rd_idx: int, psn: int, progress: bool = True) -> None:

@@ -98,7 +98,7 @@ def main() -> int:
         app.stdin.flush()
         assert app.stdout.readline().strip() == "ready"
         bcc = import_bcc()
-        tracer = bcc.BPF(text=TRACE.replace("TGID", str(app.pid)))
+        tracer = bcc.BPF(text=TRACE.replace("TGID", str(app.pid)).encode())
         one(app, tracer, "poll", 200)                   # warm up
         for r in range(a.runs):
             print(f"post_syscalls: run {r + 1}/{a.runs}", file=sys.stderr)

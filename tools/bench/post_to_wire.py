@@ -76,7 +76,7 @@ class Stamper:
 
     def __init__(self, ns: str):
         bcc = import_bcc()
-        self.b = bcc.BPF(text=STAMP)
+        self.b = bcc.BPF(text=STAMP.encode())
         fn = self.b.load_func("xdp_stamp", bcc.BPF.XDP)
         self.ns = ns
         self.record = f"/run/metaroce/bench-{ns}.xdp"
