@@ -73,6 +73,8 @@ struct nic_qp {
     __u64 sacks_sent;
     __u64 sacks_received;
     __u32 rq_entries; /* slots of its receive queue ring (a power of two; 0: none) */
+    __u32 sq_slot;    /* its entry in sq_psns: the next PSN its requester sends */
+    __u32 sq_open;    /* 1: its requester side is open (sq_psns[sq_slot] is valid) */
     __u32 pad2;
 };
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "events.h"
+#include "roce_tx.h"
 #include "vq.h"
 
 _Static_assert(sizeof(struct mr_vq_hdr) == 320, "ring header: five cache lines");
@@ -219,6 +220,29 @@ void mr_vq_set_flags(struct mr_vq *q, uint32_t set, uint32_t clear)
 {
     uint32_t f = LOAD_RLX(&q->hdr->dflags);
     STORE_REL(&q->hdr->dflags, (f | set) & ~clear);
+}
+
+void mr_wqe_msg(const uint8_t *slot, uint32_t kind, uint32_t with_imm, uint64_t len,
+                uint32_t pmtu, struct mr_roce_msg *m)
+{
+    const struct mr_send_wqe *w = (const void *)slot;
+    memset(m, 0, sizeof(*m));
+    m->kind = (uint8_t)kind;
+    m->with_imm = (uint8_t)with_imm;
+    m->solicited = !!(w->send_flags & MR_SEND_SOLICITED);
+    m->imm = w->imm_data;
+    m->pmtu = pmtu;
+    m->len = len;
+    if (kind != MR_MSG_SEND) {
+        m->va = w->remote_addr;
+        m->rkey = w->rkey;
+    }
+    if (kind == MR_MSG_FETCH_ADD) {
+        m->swap_add = w->compare_add;
+    } else if (kind == MR_MSG_CMP_SWAP) {
+        m->compare = w->compare_add;
+        m->swap_add = w->swap;
+    }
 }
 
 uint32_t mr_vq_consumer(const struct mr_vq *q)

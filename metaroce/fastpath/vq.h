@@ -33,6 +33,7 @@
 #include "nic_vq.h"
 
 struct mr_evring;
+struct mr_roce_msg;
 
 /* One process's private view of a ring (never in shared memory: everything here is the
  * viewer's own copy, so nothing the other side writes can change a bound). */
@@ -104,6 +105,11 @@ void mr_vq_consume_to(struct mr_vq *q, uint32_t cons);
 
 /* Set and clear bits of the daemon's flags word. */
 void mr_vq_set_flags(struct mr_vq *q, uint32_t set, uint32_t clear);
+
+/* SQ: the message fields of a send WQE slot (copied out, and checked by the rules first):
+ * kind and with_imm (MR_MSG_*), its length, the QP's path MTU; the rest from the slot. */
+void mr_wqe_msg(const uint8_t *slot, uint32_t kind, uint32_t with_imm, uint64_t len,
+                uint32_t pmtu, struct mr_roce_msg *m);
 
 /* CQ: the application's consumer index as it is now (raw: the caller checks it). */
 uint32_t mr_vq_consumer(const struct mr_vq *q);

@@ -554,9 +554,7 @@ class Device:
             qp.max_inline, lambda s, need: self._local(owner, pd, s, need))
         flags = e.flags
         m = self.ffi.new("struct mr_roce_msg *")
-        m.kind, m.with_imm, m.pmtu = kind, imm, qp.pmtu
-        m.solicited = int(bool(flags & SEND_SOLICITED))
-        m.imm = e.imm
+        self.c.mr_wqe_msg(self.scratch.buf + e.slot, kind, imm, length, qp.pmtu, m)
         keep, data, local = None, self.ffi.NULL, None
         if kind in (MSG_WRITE, MSG_SEND):
             if flags & SEND_INLINE:
@@ -573,13 +571,6 @@ class Device:
         else:
             s = e.sges[0]
             local = (int(s[2]), int(s[0]), length)
-        m.len = length
-        if kind != MSG_SEND:
-            m.va, m.rkey = e.remote_addr, e.rkey
-        if kind == MSG_FETCH_ADD:
-            m.swap_add = e.compare_add
-        elif kind == MSG_CMP_SWAP:
-            m.compare, m.swap_add = e.compare_add, e.swap
         npkts = self.c.mr_msg_packets(m)
         if kind == MSG_READ_REQ:
             npkts = max(1, -(-length // qp.pmtu))       # the PSNs its response takes

@@ -137,7 +137,10 @@ class RxPath:
         self._info_fd = self.bpf[b"mr_infos"].map_fd
         self._qps = self.bpf[b"qps"]
         self._qps_fd = self._qps.map_fd
-        self._sq_fd = self.bpf[b"sq_psn"].map_fd
+        sq = self.bpf[b"sq_psns"]
+        self._sq_mm = mmap.mmap(sq.map_fd, -(-4 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._sq_slots: dict[int, int] = {}          # QPN -> its entry in sq_psns
+        self._sq_free = list(range(max_qps - 1, -1, -1))
         self._rqs_fd = self.bpf[b"rqs"].map_fd
         self.rqs: dict[int, RecvRing] = {}
         self._rd_fd = self.bpf[b"rd_slots"].map_fd
@@ -152,6 +155,7 @@ class RxPath:
             self.dereg_mr(mr)
         for qpn in list(self.rqs):
             self.del_rq(qpn)
+        self._sq_mm.close()
         self.bpf.cleanup()
 
     def create_rq(self, qpn: int, entries: int = RQ_DEPTH, max_wr: int | None = None) -> RecvRing:
@@ -201,6 +205,11 @@ class RxPath:
             leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))
         if sq_psn is not None:
             leaf.una = sq_psn
+            if qpn not in self._sq_slots:
+                if not self._sq_free:
+                    raise MetaroceError(f"no requester slot left ({len(self._sq_slots)} QPs)")
+                self._sq_slots[qpn] = self._sq_free.pop()
+            leaf.sq_slot, leaf.sq_open = self._sq_slots[qpn], 1
             self.set_sq_psn(qpn, sq_psn)
         self._qps[self._qps.Key(qpn)] = leaf
 
@@ -216,8 +225,10 @@ class RxPath:
         self._qps[key] = leaf
 
     def set_sq_psn(self, qpn: int, psn: int) -> None:
-        """The next PSN the requester will send: ACKs beyond it are forged (RESP-12)."""
-        libbpf.map_update_raw(self._sq_fd, struct.pack("=I", qpn), struct.pack("=I", psn))
+        """The next PSN the requester will send: ACKs beyond it are forged (RESP-12). On every
+        post's path, so a store into the mmap-ed sq_psns array, no system call (the packets
+        that use it leave through a system call, which orders the store before them)."""
+        struct.pack_into("=I", self._sq_mm, 4 * self._sq_slots[qpn], psn & 0xFFFFFFFF)
 
     def set_credit(self, qpn: int, share: int) -> None:
         """CC-8: the XDP responder grants this QP's sender `share` packets past its cumulative
@@ -237,8 +248,11 @@ class RxPath:
 
     def del_qp(self, qpn: int) -> None:
         key = struct.pack("=I", qpn)
-        for fd in (self._qps_fd, self._sq_fd, self._credit_fd):
+        for fd in (self._qps_fd, self._credit_fd):
             libbpf.map_delete_raw(fd, key, missing_ok=True)
+        slot = self._sq_slots.pop(qpn, None)
+        if slot is not None:                   # the QP's entry is gone: its slot is free
+            self._sq_free.append(slot)
         self.del_rq(qpn)
         for fd, depth in ((self._rd_fd, RD_DEPTH), (self._atomic_fd, RD_DEPTH)):
             for slot in range(depth):          # slots never used were never created

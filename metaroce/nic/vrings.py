@@ -54,7 +54,9 @@ class SharedMemory:
 
 
 class SendEntry(NamedTuple):
-    """A send WQE as copied out of the ring (nothing here is checked yet)."""
+    """A send WQE as copied out of the ring (nothing here is checked yet); slot: its offset in
+    the scratch it was copied to (valid until the next fetch)."""
+    slot: int
     wr_id: int
     opcode: int
     flags: int
@@ -139,7 +141,8 @@ class QpRings:
             wr_id, op, flags, nsge, ilen, raddr, rkey, imm, ca, swap = SEND_WQE.unpack_from(raw, off)
             inline = raw[off + WQE_DATA:off + WQE_DATA + min(ilen, stride - WQE_DATA)]
             sges = _sges(raw, off + WQE_DATA, nsge, room)
-            out.append(SendEntry(wr_id, op, flags, sges, inline, ilen, raddr, rkey, imm, ca, swap))
+            out.append(SendEntry(off, wr_id, op, flags, sges, inline, ilen, raddr, rkey, imm, ca,
+                                 swap))
         return out
 
     def fetch_recv(self, scratch: Scratch) -> list[RecvEntry] | None:
