@@ -40,6 +40,9 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* checks of the rings between yields of the CPU while spinning (see mr_vqs_spin) */
+static const unsigned spin_yield_every = 32;
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -317,13 +320,14 @@ int mr_vqs_spin(struct mr_vq *const *qs, uint32_t n, struct mr_evring *ev, uint6
         if (ev && mr_evring_pending(ev))
             return 1;
         cpu_relax();
-        if (++spins % 64 == 0) {
+        if (++spins % spin_yield_every == 0) {
             if (now_ns() >= until_ns)
                 return 0;
             /* the application (or the peer's daemon) may need this CPU: a pure spin starves
-             * it until the scheduler's tick on a 2-vCPU machine */
-            if (spins % 256 == 0)
-                sched_yield();
+             * it until the scheduler's tick on a 2-vCPU machine, and the scheduler hands a
+             * yielding spinner's CPU to the other runnable one, so how often we yield is how
+             * long a posting application on this CPU may wait for it */
+            sched_yield();
         }
     }
 }

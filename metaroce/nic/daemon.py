@@ -37,6 +37,7 @@ from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
 from .looptime import LoopTimer
+from .pollbound import PollBound
 from .rx import RxPath
 from .vrings import drain_eventfd
 
@@ -97,29 +98,12 @@ def _in_netns_of(dev: DeviceId, fn, *args):
     return out[0] if out else None
 
 
-# Busy-polling: after the last work (a WQE taken, an event, a packet, a completion) the loop
-# spins on the rings and the NIC's event ring this long before it sleeps on the doorbells (see
-# docs/architecture.md for the measured trade-off: a sleeping daemon costs the next post a
-# cross-CPU wake-up, a spinning one burns the CPU it spins on)
-BUSY_POLL_S = 200e-6
-
-
-def busy_poll_s() -> float:
-    """The busy-poll bound: BUSY_POLL_S, or METAROCE_BUSY_POLL_US (0 .. 1e6 microseconds; for
-    measuring the trade-off, tools/bench/busy_poll.py)."""
-    raw = os.environ.get("METAROCE_BUSY_POLL_US")
-    if raw is None:
-        return BUSY_POLL_S
-    try:
-        us = float(raw)
-    except ValueError:
-        us = -1.0
-    if not 0 <= us <= 1e6:
-        raise MetaroceError(f"METAROCE_BUSY_POLL_US must be 0 .. 1000000 microseconds, "
-                            f"not {raw!r}")
-    return us / 1e6
-SPIN_SLICE_S = 50e-6    # one C spin at most this long (the control sockets are looked at between)
-SELECT_EVERY_S = 200e-6  # while there is work, the sockets and doorbells are looked at this often
+# While the daemon busy-polls (metaroce/nic/pollbound.py says how long after its last work), a
+# C spin checks the rings and the NIC's event ring for at most SPIN_SLICE_S, then the control
+# sockets and doorbells are looked at; while it has work, they are looked at every
+# SELECT_EVERY_S
+SPIN_SLICE_S = 50e-6
+SELECT_EVERY_S = 200e-6
 
 
 class Daemon:
@@ -128,7 +112,7 @@ class Daemon:
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
-        self.busy_poll_s = busy_poll_s()
+        self.poll_bound = PollBound()            # busy-poll after work, then sleep
         self.dev, self.mode = dev, mode
         self.started = time.time()
         enter(dev)                       # the daemon lives in its device's namespace
@@ -183,7 +167,7 @@ class Daemon:
                             if self.device.credits else {"enabled": False}),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
-                "loop": {**self.loop_stats, "busy_poll_us": round(self.busy_poll_s * 1e6, 3),
+                "loop": {**self.loop_stats, **self.poll_bound.describe(),
                          "timing": self.timer.describe()},
                 "cqs": [c.describe() for c in self.device.cqs.values()
                         if c.owner is not self.persistent],
@@ -396,7 +380,7 @@ class Daemon:
         busy = 0
         last_work = last_select = time.monotonic()
         timer = self.timer
-        busy_poll = self.busy_poll_s
+        bound = self.poll_bound
         try:
             while not self._stop:
                 timer.start()
@@ -406,11 +390,11 @@ class Daemon:
                 if busy:
                     timeout = 0
                     look = now - last_select >= SELECT_EVERY_S
-                elif now - last_work < busy_poll:
+                elif now - last_work < bound.s:
                     # busy-poll the rings and the NIC's event ring, without a system call; the
                     # sockets are looked at between slices
                     dl = dev.next_deadline()
-                    until = min(last_work + busy_poll, now + SPIN_SLICE_S,
+                    until = min(last_work + bound.s, now + SPIN_SLICE_S,
                                 dl if dl is not None else now + SPIN_SLICE_S)
                     self.loop_stats["spins"] += 1
                     found = dev.rings.spin(int(until * 1e9), dev.ring)
@@ -436,6 +420,7 @@ class Daemon:
                     self._select(timeout)
                 if slept:
                     dev.rings.wake()
+                    slept_s = time.monotonic() - now
                 timer.mark("wait")
                 work = dev.drain_rings()
                 timer.mark("rings")
@@ -448,6 +433,8 @@ class Daemon:
                 work += len(dev.dirty_cqs)
                 self._deliver()
                 timer.mark("deliver")
+                if slept:
+                    bound.after_sleep(slept_s, bool(work))
                 if work or busy:
                     last_work = time.monotonic()
                     timer.keep()

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The daemon's busy-poll bound as a trade-off (issue 19): after its last work the daemon spins
-on the rings for this long before it sleeps on the doorbells. For each bound (set with
-METAROCE_BUSY_POLL_US for both daemons of a lab pair), an application (post_poll_app.py) posts
+on the rings for this long before it sleeps on the doorbells. For each bound (fixed with
+METAROCE_BUSY_POLL_US for both daemons of a lab pair, or the daemon's own adaptive bound,
+metaroce/nic/pollbound.py), an application (post_poll_app.py) posts
 signalled 64-byte RDMA WRITEs one at a time, each completion awaited by spinning on CQ.poll,
 --gaps apart; measured: post -> completion p50/p99, the doorbells it had to ring (the daemon
 was asleep), and the CPU both daemons burned per post (from /proc/PID/schedstat, nanoseconds
 on a CPU). Medians of --runs runs.
 
-    sudo .venv/bin/python tools/bench/busy_poll.py [--bounds 0,50,200,1000,5000] [--json]
+    sudo .venv/bin/python tools/bench/busy_poll.py [--bounds adaptive,0,200,1000,5000] [--json]
 """
 
 from __future__ import annotations
@@ -34,21 +35,27 @@ def cpu_ns(pid: int) -> int:
         return int(f.read().split()[0])
 
 
-def ints(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}")
-    if any(x < 0 or x > 1_000_000 for x in out):
-        raise argparse.ArgumentTypeError("each value 0 .. 1000000")
+def ints(text: str, allow=()) -> list:
+    out = []
+    for x in text.split(","):
+        if x in allow:
+            out.append(x)
+            continue
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}")
+        if not 0 <= out[-1] <= 1_000_000:
+            raise argparse.ArgumentTypeError("each value 0 .. 1000000")
     return out
 
 
-def with_bound(view, bound_us: int, gaps: list[int], n: int, runs: int) -> dict:
+def with_bound(view, bound_us, gaps: list[int], n: int, runs: int) -> dict:
     ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
     ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
     devs = [d.DeviceId("eth0", ns) for ns in (ns1, ns2)]
-    os.environ["METAROCE_BUSY_POLL_US"] = str(bound_us)
+    if bound_us != "adaptive":
+        os.environ["METAROCE_BUSY_POLL_US"] = str(bound_us)
     started, app = [], None
     rows = {g: [] for g in gaps}
     try:
@@ -99,9 +106,10 @@ def with_bound(view, bound_us: int, gaps: list[int], n: int, runs: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bounds", type=ints, default=[0, 50, 200, 1000, 5000],
-                    help="busy-poll bounds to try, microseconds")
-    ap.add_argument("--gaps", type=ints, default=[0, 500, 5000],
+    ap.add_argument("--bounds", type=lambda t: ints(t, ("adaptive",)),
+                    default=["adaptive", 0, 200, 1000, 5000],
+                    help="busy-poll bounds to try, microseconds, or adaptive (the default)")
+    ap.add_argument("--gaps", type=ints, default=[0, 500, 2000, 10000],
                     help="application think time between posts, microseconds")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--runs", type=int, default=3)
@@ -111,7 +119,7 @@ def main() -> int:
     out = {}
     try:
         for b in a.bounds:
-            print(f"busy_poll: bound {b} us", file=sys.stderr)
+            print(f"busy_poll: bound {b}", file=sys.stderr)
             out[str(b)] = with_bound(view, b, a.gaps, a.n, a.runs)
     finally:
         core.down(LAB)

@@ -177,7 +177,7 @@ def one_run(lab, dev1, st: Stamper, n: int, gap_ms: float) -> dict:
                      ("asleep_call", asleep_call)):
         out[name] = {"p50_us": pct(xs, 50), "p99_us": pct(xs, 99), "samples": len(xs)}
     out["asleep_doorbell_wakeups"] = loop1["wakeups_by_doorbell"] - loop0["wakeups_by_doorbell"]
-    out["busy_poll_us"] = loop1["busy_poll_us"]
+    out["busy_poll"] = loop1["busy_poll"]
     return out
 
 
@@ -213,7 +213,7 @@ def main() -> int:
     res = {f"{k}_{q}": summary([r[k][q] for r in runs])
            for k in ("hot", "asleep", "hop", "hot_call", "asleep_call") for q in ("p50_us", "p99_us")}
     doc = {**header("post_to_wire"), "runs": a.runs, "samples": a.n, "gap_ms": a.gap_ms,
-           "busy_poll_us": runs[0]["busy_poll_us"], "results": res, "per_run": runs}
+           "busy_poll": runs[0]["busy_poll"], "results": res, "per_run": runs}
     save(doc, "post_to_wire")
     if a.json:
         print(json.dumps(doc))
