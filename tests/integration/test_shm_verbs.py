@@ -18,24 +18,10 @@ import pytest
 from verbs_util import End, connect, daemons, ip_of, lab_pair
 
 from metaroce.lab import core
-from metaroce.system import import_bcc
+from metaroce.syscount import SOCKET, WAITS, SyscallCounter
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_WC_SUCCESS,
                             IBV_WR_RDMA_WRITE, IBV_WR_SEND, CompChannel, Context, QPInitAttr,
                             RecvWR, SendWR)
-
-SOCKET_CALLS = {44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 23: "select",
-                7: "poll", 270: "pselect6", 271: "ppoll", 232: "epoll_wait"}
-TRACE = r"""
-BPF_HASH(counts, u32, u64, 512);
-RAW_TRACEPOINT_PROBE(sys_enter) {
-    if ((bpf_get_current_pid_tgid() >> 32) != TGID)
-        return 0;
-    u32 id = ctx->args[1];
-    counts.increment(id);
-    return 0;
-}
-"""
-
 
 @pytest.fixture(scope="module")
 def lab(module_lab_name):
@@ -62,23 +48,22 @@ def test_posting_and_polling_make_no_socket_system_call(lab):
     a, b = pair(lab)
     wr = SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, 64)], remote_addr=b.mr.addr,
                 rkey=b.mr.rkey)
-    tracer = import_bcc().BPF(text=TRACE.replace("TGID", str(os.getpid())).encode())
+    tracer = SyscallCounter(os.getpid())
     try:
         for _ in range(20):                         # warm up
             a.qp.post_send(wr)
             while not a.cq.poll():
                 pass
-        counts = tracer[b"counts"]
-        counts.clear()
+        tracer.clear()
         for _ in range(500):
             a.qp.post_send(wr)
             while not (wcs := a.cq.poll()):
                 pass
             assert wcs[0].status == IBV_WC_SUCCESS
-        seen = {k.value: v.value for k, v in counts.items()}
+        seen = tracer.by_name()
     finally:
-        tracer.cleanup()
-    socket_calls = {SOCKET_CALLS[k]: v for k, v in seen.items() if k in SOCKET_CALLS}
+        tracer.close()
+    socket_calls = {k: v for k, v in seen.items() if k in SOCKET | WAITS}
     assert socket_calls == {}, socket_calls
     # what remains is the doorbell (an eventfd write) when the daemon had gone to sleep
     assert sum(seen.values()) <= 500 + 10, seen

@@ -4,10 +4,10 @@ socket system calls per post when every verb was a JSON line to the daemon). An 
 (post_poll_app.py) on h1 of a lab pair posts --n signalled 64-byte RDMA WRITEs to a QP on h2,
 one at a time, each completion waited for before the next post, (a) spinning on CQ.poll and
 (b) with CQ.wait (which polls for 50 us, then arms the CQ and sleeps on its completion
-channel). A BCC program on the sys_enter raw tracepoint counts every system call of
-the application's process by number (a raw tracepoint), from just before "go" to its answer (the two pipe lines
-of the handshake are in the count); no ptrace, so the application runs at full speed.
-Medians of --runs runs.
+channel). metaroce.syscount counts every system call of the application's process by number
+(a BCC program on the sys_enter raw tracepoint; no ptrace, so the application runs at full
+speed), from just before "go" to its answer (the two pipe lines of the handshake are in the
+count). Medians of --runs runs.
 
     sudo .venv/bin/python tools/bench/post_syscalls.py [--runs 3] [--n 2000] [--json]
 """
@@ -23,42 +23,19 @@ import sys
 from benchlab import ENV, fresh_lab, header, save, stop_daemons, summary
 from metaroce.lab import core
 from metaroce.nic import daemon as d
-from metaroce.system import import_bcc
+from metaroce.syscount import SOCKET, WAITS, SyscallCounter
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             Context, QPInitAttr)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAB = "bsysc"
 APP = os.path.join(HERE, "post_poll_app.py")
-# x86_64 numbers of the calls that matter here (anything else is reported by number)
-NAMES = {0: "read", 1: "write", 7: "poll", 23: "select", 24: "sched_yield", 35: "nanosleep",
-         44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 202: "futex",
-         228: "clock_gettime", 230: "clock_nanosleep", 232: "epoll_wait", 270: "pselect6",
-         271: "ppoll", 281: "epoll_pwait", 441: "epoll_pwait2"}
-SOCKET = {"sendto", "recvfrom", "sendmsg", "recvmsg"}
-WAITS = {"poll", "select", "pselect6", "ppoll", "epoll_wait", "epoll_pwait", "epoll_pwait2"}
-TRACE = r"""
-BPF_HASH(counts, u32, u64, 512);
-RAW_TRACEPOINT_PROBE(sys_enter) {      /* a raw tracepoint: no tracefs needed */
-    if ((bpf_get_current_pid_tgid() >> 32) != TGID)
-        return 0;
-    u32 id = ctx->args[1];
-    counts.increment(id);
-    return 0;
-}
-"""
-
-
-def one(app, tracer, mode: str, n: int) -> dict:
-    counts = tracer[b"counts"]
-    counts.clear()
+def one(app, tracer: SyscallCounter, mode: str, n: int) -> dict:
+    tracer.clear()
     app.stdin.write(f"go {mode} {n}\n")
     app.stdin.flush()
     res = json.loads(app.stdout.readline())
-    by = {}
-    for k, v in counts.items():
-        name = NAMES.get(k.value, f"syscall_{k.value}")
-        by[name] = by.get(name, 0) + v.value
+    by = tracer.by_name()
     total = sum(by.values())
     return {"posts": n, "syscalls_per_post": total / n,
             "socket_syscalls_per_post": sum(by.get(x, 0) for x in SOCKET) / n,
@@ -97,8 +74,7 @@ def main() -> int:
                                     "addr": mr.addr, "rkey": mr.rkey}) + "\n")
         app.stdin.flush()
         assert app.stdout.readline().strip() == "ready"
-        bcc = import_bcc()
-        tracer = bcc.BPF(text=TRACE.replace("TGID", str(app.pid)).encode())
+        tracer = SyscallCounter(app.pid)
         one(app, tracer, "poll", 200)                   # warm up
         for r in range(a.runs):
             print(f"post_syscalls: run {r + 1}/{a.runs}", file=sys.stderr)
@@ -112,7 +88,7 @@ def main() -> int:
         c2.close()
     finally:
         if tracer is not None:
-            tracer.cleanup()
+            tracer.close()
         if app is not None and app.poll() is None:
             app.kill()
             app.wait()
