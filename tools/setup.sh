@@ -78,13 +78,18 @@ if [ ! -e "$shim/bcc" ]; then
 fi
 
 # --- 4. the project ---------------------------------------------------------------------
+# Everything the tests use is installed here (the suite fails under CI=true when something is
+# missing: tests/_deps.py): the test extra and the torch extra (torch==2.13.0, a CPU build; its
+# DDP test and bf16 cross-check). torch is checked by finding it, not importing it: the import
+# alone takes 1.5 s, on every make.
 stamp=$VENV/.metaroce-installed
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
-   || ! "$VENV/bin/python" -c 'import metaroce, click, pyroute2, pytest, hypothesis, scapy, prometheus_client' 2>/dev/null; then
-    say "installing the project and its test extras into the venv (pip)"
+   || ! "$VENV/bin/python" -c 'import metaroce, click, pyroute2, numpy, pytest, hypothesis, scapy, prometheus_client, yaml
+import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null; then
+    say "installing the project, its test extra and torch (the torch extra) into the venv (pip)"
     "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[test,torch]" >&2
     echo "$want" > "$stamp"
 fi
 # the user-space fast path's C helpers (cffi, API mode), rebuilt when their sources change

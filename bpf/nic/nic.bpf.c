@@ -32,6 +32,18 @@ static __always_inline int verdict(u32 reason, int action)
     return action;
 }
 
+/* One frame of len bytes on the port: which = PORT_RCV_PACKETS or PORT_XMIT_PACKETS. */
+static __always_inline void port_count(u32 which, u64 len)
+{
+    u64 *c = port_counters.lookup(&which);
+    if (c)
+        (*c)++;
+    which++;
+    c = port_counters.lookup(&which);
+    if (c)
+        *c += len;
+}
+
 static __always_inline void emit(struct nic_event *ev)
 {
     u32 k = events.ringbuf_output(ev, sizeof(*ev), 0) ? 1 : 0;
@@ -270,6 +282,7 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     u64 *c = tx_counters.lookup(&txc);
     if (c)
         (*c)++;
+    port_count(PORT_XMIT_PACKETS, len);
     return verdict(reason, XDP_TX);
 }
 
@@ -1137,6 +1150,7 @@ int nic_rx(struct xdp_md *ctx)
     int rc = parse_roce(data, data_end, &rp);
     if (rc == PARSE_NOT_ROCE)
         return verdict(RX_NOT_ROCE, XDP_PASS);
+    port_count(PORT_RCV_PACKETS, bpf_xdp_get_buff_len(ctx));
     if (rc)
         return verdict(RX_MALFORMED, XDP_DROP);
     struct bth bth;

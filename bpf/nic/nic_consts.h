@@ -158,6 +158,16 @@
 #define TX_SACK 8
 #define TX_NCOUNTERS 9
 
+/* Port counters (index into port_counters), whatever the QP and the verdict: every RoCE frame
+ * received (UDP 4791, malformed and dropped ones included) and every reply sent from here
+ * (XDP_TX), in frames and in bytes of the Ethernet frame. The daemon adds what its AF_XDP
+ * socket sent to the transmit side. */
+#define PORT_RCV_PACKETS 0
+#define PORT_RCV_BYTES 1
+#define PORT_XMIT_PACKETS 2
+#define PORT_XMIT_BYTES 3
+#define PORT_NCOUNTERS 4
+
 /* Events for user space (ring buffer). */
 #define EV_RECV 1                 /* a receive WQE completed (SEND or WRITE_WITH_IMM) */
 #define EV_READ_REQUEST 2         /* answer this READ (responder) */

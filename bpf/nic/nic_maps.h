@@ -33,6 +33,7 @@ BPF_F_TABLE("hash", u64, struct atomic_saved, atomic_results, MAX_QPS * 4, BPF_F
 BPF_RINGBUF_OUTPUT(events, 256);                    /* completions and requests for user space */
 BPF_PERCPU_ARRAY(rx_counters, u64, RX_NREASONS);
 BPF_PERCPU_ARRAY(tx_counters, u64, TX_NCOUNTERS);
+BPF_PERCPU_ARRAY(port_counters, u64, PORT_NCOUNTERS);  /* frames and bytes in and out (port) */
 BPF_PERCPU_ARRAY(ev_counters, u64, 2);              /* events sent, events lost (ring full) */
 BPF_PERCPU_ARRAY(scratch, struct scratch, 1);
 BPF_ARRAY(crc_tab, struct crc_tables, 1);            /* filled by the loader */

@@ -5,12 +5,13 @@ Every region is checked by SHA-256; a perftest-style summary and the NIC counter
 
 import hashlib
 import os
+import re
 import time
 
 import click
 
 from ..errors import MetaroceError
-from ..lab import core, fabric
+from ..lab import core, fabric, procs
 from ..nic import daemon as nicd
 from ..verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC,
                      IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
@@ -19,7 +20,7 @@ from ..verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_A
                      wc_status_str)
 from .output import emit_json, json_option, log
 
-DEMO_LAB = "demo"
+DEMO_PREFIX = "demo"          # a demo's lab is demo<pid>: several demos may run side by side
 MiB = 1 << 20
 MSG = 1 * MiB            # one WRITE / READ work request
 TOTAL = 256 * MiB        # moved each way
@@ -141,6 +142,17 @@ def _run(view, mode: str) -> dict:
             "counters": {"h1": s1["counters"], "h2": s2["counters"]}}
 
 
+def _remove_leftover_demo_labs() -> None:
+    """Labs of demos that died half-way: the demo that made it (its pid is in the name) is
+    gone and nothing runs in it. A running demo's lab is left alone."""
+    for name in core.lab_names():
+        m = re.fullmatch(rf"{DEMO_PREFIX}(\d*)", name)
+        if m and not (m.group(1) and os.path.exists(f"/proc/{m.group(1)}")):
+            if not procs.pids_in(procs.namespace_inodes(core.namespaces_of(name))):
+                log(f"demo: removing the lab {name} left by an earlier demo")
+                core.down(name)
+
+
 @click.command()
 @click.option("--mode", type=click.Choice(["metaroce", "roce"]), default="metaroce",
               show_default=True, help="metaroce: selective repeat with SACK (spec 5); roce: "
@@ -149,23 +161,24 @@ def _run(view, mode: str) -> dict:
 def demo(mode, as_json):
     """Two-host lab, XDP RDMA NICs on both; WRITE, READ back, SEND/RECV and atomics; verify."""
     core.preflight()
-    if DEMO_LAB in core.state.names() or core.namespaces_of(DEMO_LAB):
-        log("demo: removing a demo lab left by an earlier run")
-        core.down(DEMO_LAB)
+    _remove_leftover_demo_labs()
+    lab = f"{DEMO_PREFIX}{os.getpid() % 1000000}"
     t0 = time.monotonic()
-    rec = core.up(DEMO_LAB, "pair")
+    rec = core.up(lab, "pair")
     up_s = time.monotonic() - t0
     try:
-        view = core.LabView(DEMO_LAB)
+        view = core.LabView(lab)
+        lab_progs = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
         res = _run(view, mode)
+        # after `metaroce down` the NIC is gone and the lab's own host-port program is back
         after = [fabric.xdp_attached(view.plan.node(h).netns, "eth0") for h in ("h1", "h2")]
     finally:
-        core.down(DEMO_LAB)
+        core.down(lab)
     c = res["counters"]["h2"]
     clean = c["bad_icrc"] == c["malformed"] == 0
-    ok = res["data_ok"] and clean and after == [None, None]
+    ok = res["data_ok"] and clean and after == lab_progs
     doc = {"ok": ok, "lab_xdp_mode": rec["xdp_mode"], "lab_up_s": round(up_s, 3),
-           "nic_detached_after_down": after == [None, None], **res}
+           "nic_detached_after_down": after == lab_progs, **res}
     if as_json:
         emit_json(doc)
         return 0 if ok else 1

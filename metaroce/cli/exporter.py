@@ -1,8 +1,10 @@
 """`metaroce exporter --listen ADDR:PORT`: Prometheus metrics of the host's MetaRoCE devices."""
 
+import math
+
 import click
 
-from ..errors import UsageError
+from ..errors import MissingDependency, UsageError
 from ..system import require_root
 from .output import emit_json, json_option, log
 
@@ -14,7 +16,8 @@ from .output import emit_json, json_option, log
               help="A device to export (repeatable); default: every running daemon.")
 @click.option("--netns", "netnses", multiple=True,
               help="Namespace of the --dev devices: one for all, or one per --dev in order.")
-@click.option("--once", is_flag=True, help="Print one scrape on stdout and exit.")
+@click.option("--once", is_flag=True,
+              help="Print one scrape on stdout and exit (with --json: as one JSON document).")
 @json_option
 def exporter(listen, devs, netnses, once, as_json):
     """Serve device, drop-reason and per-QP counters at http://ADDR:PORT/metrics."""
@@ -28,7 +31,11 @@ def exporter(listen, devs, netnses, once, as_json):
                for i, dv in enumerate(devs)] or None
     collector = ex.Collector(devices)
     if once:
-        click.echo(collector.collect(), nl=False)
+        text = collector.render()
+        if as_json:
+            emit_json(scrape_as_json(text))
+        else:
+            click.echo(text, nl=False)
         return 0
     srv = ex.make_server(listen, collector)
     host, port = srv.server_address[:2]
@@ -46,3 +53,26 @@ def exporter(listen, devs, netnses, once, as_json):
     finally:
         srv.server_close()
     return 0
+
+
+def scrape_as_json(text: str) -> dict:
+    """One scrape as JSON: {"families": [{"name", "type", "help", "samples": [{"name",
+    "labels", "value"}]}]}, read back from the exposition text with prometheus_client's parser
+    (so it says exactly what a Prometheus server would store). Values are numbers; a value JSON
+    cannot hold is written as Prometheus writes it ("NaN", "+Inf", "-Inf")."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    except ImportError:
+        raise MissingDependency("exporter --once --json needs prometheus_client "
+                                "(pip install prometheus_client)") from None
+
+    def number(v) -> int | float | str:
+        v = float(v)
+        if math.isfinite(v):
+            return int(v) if v.is_integer() and abs(v) < 2 ** 63 else v
+        return "NaN" if v != v else ("+Inf" if v > 0 else "-Inf")
+    return {"families": [
+        {"name": f.name, "type": f.type, "help": f.documentation,
+         "samples": [{"name": s.name, "labels": dict(s.labels), "value": number(s.value)}
+                     for s in f.samples]}
+        for f in text_string_to_metric_families(text)]}

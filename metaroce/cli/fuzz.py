@@ -5,6 +5,7 @@ import click
 
 from ..errors import UsageError
 from .output import emit_json, json_option, log
+from .params import SEED, finite
 
 SUMMARY = ("packets", "accepted", "passed", "tx", "dropped", "unaccounted", "out_of_region_writes",
            "crashes")
@@ -13,11 +14,11 @@ SUMMARY = ("packets", "accepted", "passed", "tx", "dropped", "unaccounted", "out
 @click.command()
 @click.option("--packets", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Packets to run through the program.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Generator seed.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Generator seed.")
 @click.option("--wire", is_flag=True,
               help="Fuzz a running daemon over the wire: a pair lab, the real daemon with live "
                    "QPs, frames sent through an AF_PACKET socket.")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--time-limit", type=finite(min=0, min_open=True), default=None,
               help="Stop after this many seconds (the report says how many packets ran).")
 @json_option
 def fuzz(packets, seed, wire, time_limit, as_json):

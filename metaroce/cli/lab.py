@@ -1,11 +1,14 @@
 """`metaroce lab`: provision and inspect labs of hosts in network namespaces."""
 
 import click
+from click.core import ParameterSource
 
+from ..errors import UsageError
 from ..lab import core
 from ..lab.impair import DIRECTIONS, Impairment
 from ..lab.plan import TOPOLOGIES
 from .output import emit_json, json_option, log
+from .params import SEED, finite
 
 name_option = click.option("--name", default=None, help="Lab name (default: the only lab up).")
 
@@ -74,9 +77,7 @@ def status(name, as_json):
     _print_nodes(doc)
     for l in doc["links"]:
         rate = f"{l['rate'] / 1e9:g} Gbit/s" if l["rate"] else "line rate"
-        settings = "; ".join(f"{d}: " + " ".join(f"{k} {v}" for k, v in cfg.items()
-                                                  if k in ("loss", "dup", "reorder") and v)
-                             for d, cfg in l["impair"].items())
+        settings = "; ".join(f"{d}: {describe_impairment(cfg)}" for d, cfg in l["impair"].items())
         click.echo(f"link {l['name']:<16} {rate}" + (f"  impaired ({settings})" if settings else ""))
         for d, c in l["counters"].items():
             extra = ""
@@ -92,24 +93,47 @@ def status(name, as_json):
 @click.argument("link")
 @click.option("--dir", "direction", type=click.Choice(DIRECTIONS), default="both", show_default=True,
               help="a-b: toward the switch side; b-a: away from it.")
-@click.option("--loss", type=float, default=0.0, help="Drop probability.")
-@click.option("--dup", type=float, default=0.0, help="Duplication probability.")
-@click.option("--reorder", type=float, default=0.0,
+@click.option("--loss", type=finite(0, 1), default=None, help="Drop probability.")
+@click.option("--dup", type=finite(0, 1), default=None, help="Duplication probability.")
+@click.option("--reorder", type=finite(0, 1), default=None,
               help="Probability that a frame is held back and sent after later ones.")
 @click.option("--reorder-depth", type=int, default=1, show_default=True,
               help="How many later frames overtake a held one.")
 @click.option("--all-traffic", is_flag=True, help="Impair every IP packet, not only UDP 4791.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the deterministic draws.")
-@click.option("--clear", is_flag=True, help="Remove the impairment.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the deterministic draws.")
+@click.option("--clear", is_flag=True, help="Remove the impairment (of --dir).")
 @json_option
 def impair(name, link, direction, loss, dup, reorder, reorder_depth, all_traffic, seed, clear, as_json):
-    """Impair a LINK (a link name like h1-sw1, or a host name) on its switch side."""
-    imp = None if clear else Impairment(loss, dup, reorder, reorder_depth, all_traffic, seed).validate()
+    """Impair a LINK (a link name like h1-sw1, or a host name) on its switch side.
+
+    Give at least one of --loss, --dup, --reorder; --clear removes the impairment."""
+    given = [p for p in ("loss", "dup", "reorder", "reorder_depth", "all_traffic", "seed")
+             if click.get_current_context().get_parameter_source(p) is ParameterSource.COMMANDLINE]
+    if clear and given:
+        raise UsageError("--clear takes no impairment options (it removes the impairment): "
+                         + ", ".join("--" + p.replace("_", "-") for p in given))
+    if not clear and loss is None and dup is None and reorder is None:
+        raise UsageError("no impairment given: use --loss, --dup or --reorder "
+                         "(or --clear to remove the link's impairment)")
+    imp = None if clear else Impairment(loss or 0.0, dup or 0.0, reorder or 0.0, reorder_depth,
+                                        all_traffic, seed).validate()
     out = core.LabView(name).impair(link, direction, imp)
     if as_json:
         emit_json(out)
-    else:
-        log(f"link {out['link']}: {out['impair'] or 'no impairment'}")
+        return
+    now = "; ".join(f"{d}: {describe_impairment(cfg)}" for d, cfg in out["impair"].items())
+    log(f"link {out['link']}: {now or 'no impairment'}")
+
+
+def describe_impairment(cfg: dict) -> str:
+    """One direction's impairment as netem-style words: loss 5% duplicate 1% reorder 2% …"""
+    words = [f"{name} {cfg[key] * 100:g}%" for key, name in
+             (("loss", "loss"), ("dup", "duplicate"), ("reorder", "reorder")) if cfg.get(key)]
+    if cfg.get("reorder"):
+        words.append(f"depth {cfg.get('reorder_depth', 1)}")
+    if cfg.get("all_traffic"):
+        words.append("all traffic")
+    return " ".join(words + [f"seed {cfg.get('seed', 0)}"])
 
 
 @lab.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -7,6 +7,7 @@ import click
 from ..errors import MetaroceError, UsageError
 from ..system import require_root
 from .output import emit_json, json_option, log
+from .params import QPN, finite, fmt_qpn
 
 dev_option = click.option("--dev", required=True, help="Network interface, e.g. eth0.")
 netns_option = click.option("--netns", default=None,
@@ -33,7 +34,7 @@ def _dev(dev, netns):
 @click.option("--link-rate", default=None,
               help="The device's bottleneck rate for credits, e.g. 150mbit or 25gbit "
                    "[default: the interface's speed, else 10gbit].")
-@click.option("--credit-rtt-us", type=click.FloatRange(1, 1e6), default=500.0, show_default=True,
+@click.option("--credit-rtt-us", type=finite(1, 1e6), default=500.0, show_default=True,
               help="Base round trip the credit BDP is computed with.")
 @click.option("--config", "config_path", default=None,
               help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
@@ -61,6 +62,8 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_p
             raise MetaroceError(d.already_running(did, pid))
         d.clean_stale(did)
         dm = d.Daemon(did, mode, cfg)
+        if as_json:
+            emit_json(dm.status())
         log(f"metaroce: {did.where()} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
         from ..deploy.systemd import sd_notify  # noqa: PLC0415
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
@@ -114,7 +117,7 @@ def status(dev, netns, as_json):
 @click.command()
 @dev_option
 @netns_option
-@click.option("--qp", "qpn", type=int, default=None, help="Only this QP (number).")
+@click.option("--qp", "qpn", type=QPN, default=None, help="Only this QP (decimal or 0x-hex).")
 @click.option("--nonzero", is_flag=True, help="Leave out counters that are zero.")
 @json_option
 def stats(dev, netns, qpn, nonzero, as_json):
@@ -127,7 +130,7 @@ def stats(dev, netns, qpn, nonzero, as_json):
     if qpn is not None:
         st["qps"] = [q for q in st["qps"] if q["qpn"] == qpn]
         if not st["qps"]:
-            raise MetaroceError(f"no QP {qpn} (0x{qpn:06x}) on {did.where()}")
+            raise MetaroceError(f"no QP {fmt_qpn(qpn)} on {did.where()}")
     if as_json:
         emit_json({**did.describe(), "port": 1, **st})
         return

@@ -14,12 +14,6 @@ def emit_json(doc) -> None:
     sys.stdout.flush()
 
 
-def emit_jsonl(docs) -> None:
-    for doc in docs:
-        sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
-
-
 def log(msg: str) -> None:
     """Progress and diagnostics: always stderr, so stdout stays machine-readable."""
     click.echo(msg, err=True)

@@ -6,7 +6,7 @@ from ..errors import UsageError
 from ..wire.describe import describe, text_line
 from ..wire.pcap import PcapError, read_pcap, write_pcap
 from ..wire.samples import sample_packets
-from .output import emit_json, emit_jsonl, json_option, log
+from .output import emit_json, json_option, log
 
 
 @click.group()
@@ -35,17 +35,21 @@ def sample(out, ipv, as_json):
 
 @pcap.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines, one object per frame.")
+@json_option
 def decode(file, as_json):
-    """List every frame of FILE (RoCE or not), with parse errors and ICRC status."""
+    """List every frame of FILE (RoCE or not), with parse errors and ICRC status.
+
+    With --json: one document, {"file": FILE, "frames": [one object per frame]}."""
     try:
-        records = read_pcap(file)
-        for rec in records:
+        frames = []
+        for rec in read_pcap(file):
             doc = describe(rec.data, rec.index)
             if as_json:
-                emit_jsonl([doc])
+                frames.append(doc)
             else:
                 click.echo(text_line(doc))
+        if as_json:
+            emit_json({"file": file, "frames": frames})
     except FileNotFoundError:
         raise UsageError(f"{file}: no such file") from None
     except IsADirectoryError:

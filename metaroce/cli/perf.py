@@ -9,6 +9,7 @@ import click
 
 from ..system import require_root
 from .output import emit_json, json_option, log
+from .params import finite
 
 
 def _size(text: str) -> int:
@@ -33,7 +34,7 @@ def _size(text: str) -> int:
 @click.option("-s", "--size", default="65536", show_default=True, help="Message size (4k, 1m …).")
 @click.option("-n", "--iters", type=click.IntRange(1, 10**9), default=None,
               help="Iterations (default 5000 for bandwidth, 1000 for latency).")
-@click.option("-D", "--duration", type=click.FloatRange(0.1, 3600), default=None,
+@click.option("-D", "--duration", type=finite(0.1, 3600), default=None,
               help="Run for this many seconds instead of -n (bandwidth tests).")
 @click.option("-q", "--qps", type=click.IntRange(1, 1024), default=1, show_default=True)
 @click.option("-t", "--tx-depth", type=click.IntRange(1, 4096), default=128, show_default=True)

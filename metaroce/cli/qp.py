@@ -11,7 +11,9 @@ import click
 from ..errors import MetaroceError
 from ..system import require_root
 from .nic import _dev, dev_option, netns_option
-from .output import emit_json, json_option
+from .output import emit_json, json_option, log
+from ..numbers import parse_uint
+from .params import QPN, fmt_qpn
 
 ACCESS_FLAGS = {"local_write": 1, "remote_write": 2, "remote_read": 4, "remote_atomic": 8}
 PMTUS = (256, 512, 1024, 2048, 4096)
@@ -33,8 +35,6 @@ def _request(dev, netns, req: dict) -> dict:
     import os  # noqa: PLC0415
     for fd in fds:                      # the endpoint's memory stays with the daemon
         os.close(fd)
-    if "error" in rep:
-        raise MetaroceError(rep["error"])
     return rep
 
 
@@ -52,14 +52,10 @@ def read_remote(path: str) -> dict:
         raise MetaroceError(f"{path}: expected a JSON object with qpn, psn and ip")
 
     def number(key: str, bits: int) -> int:
-        v = doc.get(key)
         try:
-            n = int(v, 0) if isinstance(v, str) else int(v)
-        except (TypeError, ValueError):
-            raise MetaroceError(f"{path}: {key} must be a number, got {v!r}") from None
-        if not 0 <= n < (1 << bits):
-            raise MetaroceError(f"{path}: {key} must fit in {bits} bits")
-        return n
+            return parse_uint(doc.get(key), bits, key)
+        except ValueError as exc:
+            raise MetaroceError(f"{path}: {exc}") from None
     out = {"qpn": number("qpn", 24), "psn": number("psn", 24)}
     ip = doc.get("ip") or doc.get("gid")
     try:
@@ -103,14 +99,14 @@ def create(dev, netns, mr_size, access, max_send_wr, as_json):
     if as_json:
         emit_json(doc)
         return
-    click.echo(f"qpn 0x{doc['qpn']:06x} ({doc['qpn']}) psn {doc['psn']} ip {doc['ip']} "
+    click.echo(f"qpn {fmt_qpn(doc['qpn'])} psn 0x{doc['psn']:06x} ip {doc['ip']} "
                f"mac {doc['mac']} mtu {doc['mtu']} mode {doc['mode']}")
     click.echo(f"mr rkey 0x{doc['rkey']:08x} addr 0x{doc['addr']:x} length {doc['length']} "
                f"access {access}")
 
 
 @qp.command()
-@click.argument("qpn", type=int)
+@click.argument("qpn", type=QPN)
 @dev_option
 @netns_option
 @click.option("--remote", "remote_file", required=True, type=click.Path(dir_okay=False),
@@ -130,7 +126,7 @@ def connect(qpn, dev, netns, remote_file, timeout, retry_cnt, rnr_retry, as_json
     if as_json:
         emit_json(rep)
         return
-    click.echo(f"qpn 0x{rep['qpn']:06x} {rep['state']} -> 0x{remote['qpn']:06x} at {remote['ip']} "
+    click.echo(f"qpn {fmt_qpn(rep['qpn'])} {rep['state']} -> {fmt_qpn(remote['qpn'])} at {remote['ip']} "
                f"(mtu {rep['mtu']}, next hop {rep['path']['next_hop']}, dmac {rep['path']['dmac']})")
 
 
@@ -151,12 +147,12 @@ def list_(dev, netns, as_json):
         return
     for e in eps:
         peer = e.get("remote") or {}
-        click.echo(f"qpn 0x{e['qpn']:06x} {e['state']} mode {e['mode']} rkey 0x{e['rkey']:08x} "
+        click.echo(f"qpn {fmt_qpn(e['qpn'])} {e['state']} mode {e['mode']} rkey 0x{e['rkey']:08x} "
                    f"length {e['length']} peer {peer.get('ip', '-')} completions {e['completions']}")
 
 
 @qp.command()
-@click.argument("qpn", type=int)
+@click.argument("qpn", type=QPN)
 @dev_option
 @netns_option
 @json_option
@@ -168,14 +164,34 @@ def show(qpn, dev, netns, as_json):
             if as_json:
                 emit_json(e)
             else:
-                for k, v in e.items():
+                for k, v in _show_lines(e):
                     click.echo(f"{k:<24} {v}")
             return
-    raise MetaroceError(f"no endpoint with QP {qpn} (0x{qpn:06x}) on {dev}")
+    raise MetaroceError(f"no endpoint with QP {fmt_qpn(qpn)} on {dev}")
+
+
+HEX_KEYS = {"qpn": fmt_qpn, "qp_num": fmt_qpn, "src_qp": fmt_qpn, "rkey": "0x{:08x}".format,
+            "addr": "0x{:x}".format}
+
+
+def _show_lines(doc: dict, prefix: str = ""):
+    """An endpoint as `key value` pairs: nested objects as dotted keys, QP numbers and keys
+    in hex (as rdma-core prints them), each completion on its own line."""
+    for k, v in doc.items():
+        name = prefix + k
+        if isinstance(v, dict):
+            yield from _show_lines(v, name + ".")
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                yield f"{name}[{i}]", " ".join(f"{a} {b}" for a, b in _show_lines(x))
+        elif k in HEX_KEYS and isinstance(v, int) and not isinstance(v, bool):
+            yield name, HEX_KEYS[k](v)
+        else:
+            yield name, "-" if v is None else v
 
 
 @qp.command()
-@click.argument("qpn", type=int)
+@click.argument("qpn", type=QPN)
 @dev_option
 @netns_option
 @json_option
@@ -185,3 +201,5 @@ def destroy(qpn, dev, netns, as_json):
     _request(dev, netns, {"op": "destroy_endpoint", "qpn": qpn})
     if as_json:
         emit_json({"destroyed": qpn})
+    else:
+        log(f"qpn {fmt_qpn(qpn)} destroyed")

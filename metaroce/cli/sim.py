@@ -12,13 +12,14 @@ import click
 from ..errors import UsageError
 from ..sim import scenarios as S
 from .output import emit_json, json_option, log
+from .params import SEED, finite
 
 MODE_HELP = "metaroce: selective repeat, SACK, window CC, multipath, credits; roce: RoCEv2 " \
             "go-back-N with DCQCN."
 
 mode_option = click.option("--mode", type=click.Choice(["metaroce", "roce"]), default="metaroce",
                            show_default=True, help=MODE_HELP)
-seed_option = click.option("--seed", type=int, default=1, show_default=True,
+seed_option = click.option("--seed", type=SEED, default=1, show_default=True,
                            help="Seed of every random choice (loss, PSNs, entropy, hashing).")
 
 
@@ -72,12 +73,12 @@ def _sizes(**values) -> None:
 
 
 @sim.command()
-@click.option("--loss", type=float, default=0.01, show_default=True,
+@click.option("--loss", type=finite(), default=0.01, show_default=True,
               help="Probability that a frame is lost at each switch egress (data and ACKs).")
 @mode_option
 @seed_option
-@click.option("--rate-gbps", type=float, default=S.LOSS_DEFAULTS["rate_gbps"], show_default=True)
-@click.option("--size-mib", type=float, default=S.LOSS_DEFAULTS["size_mib"], show_default=True,
+@click.option("--rate-gbps", type=finite(), default=S.LOSS_DEFAULTS["rate_gbps"], show_default=True)
+@click.option("--size-mib", type=finite(), default=S.LOSS_DEFAULTS["size_mib"], show_default=True,
               help="Bytes the one QP writes.")
 @click.option("--msg-kib", type=int, default=S.LOSS_DEFAULTS["msg_kib"], show_default=True,
               help="Size of each RDMA WRITE (4 posted at a time).")
@@ -107,7 +108,7 @@ def loss(loss, mode, seed, rate_gbps, size_mib, msg_kib, baseline, as_json):
 @seed_option
 @click.option("--qps", type=int, default=S.INCAST_DEFAULTS["qps"], show_default=True,
               help="QPs per sender.")
-@click.option("--rate-gbps", type=float, default=S.INCAST_DEFAULTS["rate_gbps"],
+@click.option("--rate-gbps", type=finite(), default=S.INCAST_DEFAULTS["rate_gbps"],
               show_default=True)
 @click.option("--size-kib", type=int, default=S.INCAST_DEFAULTS["size_kib"], show_default=True,
               help="Bytes each QP writes.")
@@ -131,17 +132,17 @@ def incast(senders, credits, mode, seed, qps, rate_gbps, size_kib, msg_kib, as_j
 @sim.command()
 @click.option("--paths", type=int, default=4, show_default=True,
               help="Equal-cost paths: spines of the leaf-spine fabric.")
-@click.option("--fail-at", type=float, default=None,
+@click.option("--fail-at", type=finite(), default=None,
               help="Fail the spine0 — leaf1 link (both directions) at this simulated second.")
 @mode_option
 @seed_option
 @click.option("--entropies", type=int, default=None,
               help="MetaRoCE source ports sprayed over (default 4 × paths, at most 64).")
-@click.option("--host-gbps", type=float, default=S.MULTIPATH_DEFAULTS["host_gbps"],
+@click.option("--host-gbps", type=finite(), default=S.MULTIPATH_DEFAULTS["host_gbps"],
               show_default=True)
-@click.option("--fabric-gbps", type=float, default=S.MULTIPATH_DEFAULTS["fabric_gbps"],
+@click.option("--fabric-gbps", type=finite(), default=S.MULTIPATH_DEFAULTS["fabric_gbps"],
               show_default=True)
-@click.option("--size-mib", type=float, default=S.MULTIPATH_DEFAULTS["size_mib"],
+@click.option("--size-mib", type=finite(), default=S.MULTIPATH_DEFAULTS["size_mib"],
               show_default=True)
 @click.option("--msg-kib", type=int, default=S.MULTIPATH_DEFAULTS["msg_kib"], show_default=True)
 @json_option

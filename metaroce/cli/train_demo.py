@@ -6,12 +6,13 @@ import click
 
 from ..errors import MetaroceError
 from .output import emit_json, json_option, log
+from .params import SEED
 
 
 @click.command("train-demo")
 @click.option("--hosts", type=click.IntRange(2, 4), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1, 10000), default=20, show_default=True)
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--mode", type=click.Choice(["metaroce", "roce"]), default="metaroce",
               show_default=True, help="What the devices offer.")
 @json_option

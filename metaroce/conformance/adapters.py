@@ -20,6 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from ..errors import MetaroceError
+from ..numbers import parse_uint
 from .tester import Skip
 
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
@@ -229,14 +230,10 @@ DESCRIPTION_FIELDS = ("qpn", "psn", "ip", "mac", "mtu", "rkey", "addr", "length"
 
 
 def _num(doc: dict, key: str, where: str, bits: int = 64) -> int:
-    v = doc.get(key)
     try:
-        n = int(v, 0) if isinstance(v, str) else int(v)
-    except (TypeError, ValueError):
-        raise AdapterError(f"{where}: {key} must be a number, got {v!r}") from None
-    if not 0 <= n < (1 << bits):
-        raise AdapterError(f"{where}: {key} must fit in {bits} bits")
-    return n
+        return parse_uint(doc.get(key), bits, key)
+    except ValueError as exc:
+        raise AdapterError(f"{where}: {exc}") from None
 
 
 def load_description(path: str) -> tuple[dict, list[dict]]:

@@ -1,5 +1,6 @@
 """Prometheus metrics of running MetaRoCE daemons (`metaroce exporter`): each scrape asks every
-device's daemon for its status and renders the text exposition format (version 0.0.4).
+device's daemon for its status; a prometheus_client custom collector turns the answers into metric
+families, and prometheus_client renders them (text format 0.0.4) and serves them over HTTP.
 
 Only what the daemon reports is exported: the XDP program's receive verdicts (drops by reason),
 the replies it sends, the transmit ring, the requester's per-QP counters and window. Names follow
@@ -7,25 +8,27 @@ Prometheus conventions: `metaroce_` prefix, `_total` on counters, base units (by
 
 from __future__ import annotations
 
-import glob
-import os
 import re
+import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIRequestHandler, make_server as _wsgi_server
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app
+from prometheus_client.registry import Collector as _PromCollector
+from prometheus_client.registry import CollectorRegistry
 
 from ..errors import MetaroceError, UsageError
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # daemon status "counters" (kernel verdicts) that are not receive verdicts: tx_* are replies
 # hw counter -> (metric name without prefix/suffix, help)
 HW_HELP = {
-    "rx_packets": "RoCE packets received on the device's QPs",
-    "rx_bytes": "RoCE payload bytes received on the device's QPs",
-    "tx_packets": "RoCE request and READ response packets sent",
-    "tx_bytes": "RoCE payload bytes sent",
+    "rx_packets": "RoCE packets the device received (every QP, dropped ones included)",
+    "rx_bytes": "RoCE bytes the device received (every QP, dropped ones included)",
+    "tx_packets": "RoCE packets the device sent (requests, READ responses, replies)",
+    "tx_bytes": "RoCE bytes the device sent",
     "rx_read_requests": "RDMA READ requests received",
     "rx_atomic_requests": "atomic requests received",
     "out_of_sequence": "packets received with a PSN beyond the expected one",
@@ -66,9 +69,9 @@ QP_COUNTER_HELP = {
     "rnr_nak_retry": "RNR NAK retries",
     "packet_seq_err_handled": "PSN sequence error NAKs the requester acted on",
 }
-# per-QP gauges: status key -> (metric name, help, scale to base unit). The RTT, congestion
-# window and credit keys are exported when a daemon reports them (the engine computes them; the
-# daemon's QP status does not carry them yet).
+# per-QP gauges: status key -> (metric name, help, scale to base unit), each exported when the
+# daemon reports it: srtt_us once the QP has an RTT sample, cwnd_pkts always; no daemon reports
+# a per-QP "credits" yet (its credit state is credit_limit_psn, a PSN, not a gauge).
 QP_GAUGES = {
     "sq_outstanding": ("qp_send_queue_outstanding", "work requests posted and not completed", 1),
     "window_pkts": ("qp_inflight_packets", "packets sent and not yet acknowledged", 1),
@@ -92,58 +95,37 @@ XSK_HELP = {
 }
 
 
-@dataclass
-class Family:
-    name: str
-    kind: str                   # counter | gauge
-    help: str
-    samples: list[tuple[dict, float]] = field(default_factory=list)
-
-
-class Registry:
-    """Families in first-use order; every sample of a family is rendered together."""
+class Families:
+    """The metric families of one scrape in first-use order, each with all its samples (one HELP
+    and TYPE per family however many devices and QPs). A prometheus_client collector: `name` is
+    given without the `metaroce_` prefix and, for counters, without `_total`, which
+    prometheus_client appends to a counter's exposed name."""
 
     def __init__(self):
-        self.families: dict[str, Family] = {}
+        self._fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        self._keys: dict[str, tuple[str, ...]] = {}
 
     def add(self, name: str, kind: str, help_: str, labels: dict, value) -> None:
         if value is None:
             return
-        full = f"metaroce_{name}" + ("_total" if kind == "counter" else "")
-        fam = self.families.get(full)
+        fam = self._fams.get(name)
         if fam is None:
-            fam = self.families[full] = Family(full, kind, help_)
-        fam.samples.append((labels, float(value)))
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            fam = self._fams[name] = cls(f"metaroce_{name}", help_, labels=list(labels))
+            self._keys[name] = tuple(labels)
+        elif tuple(labels) != self._keys[name]:
+            raise ValueError(f"metaroce_{name}: labels {tuple(labels)} after {self._keys[name]}")
+        fam.add_metric([str(v) for v in labels.values()], float(value))
+
+    def collect(self) -> list:
+        return list(self._fams.values())
 
     def render(self) -> str:
-        out = []
-        for fam in self.families.values():
-            out.append(f"# HELP {fam.name} {_escape_help(fam.help)}")
-            out.append(f"# TYPE {fam.name} {fam.kind}")
-            for labels, value in fam.samples:
-                lab = ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in labels.items())
-                out.append(f"{fam.name}{{{lab}}} {_number(value)}" if lab else
-                           f"{fam.name} {_number(value)}")
-        return "\n".join(out) + "\n"
+        """The text exposition format (prometheus_client.generate_latest)."""
+        return generate_latest(self).decode()
 
 
-def _escape_help(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(v: float) -> str:
-    if v != v:
-        return "NaN"
-    if v in (float("inf"), float("-inf")):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v.is_integer() and abs(v) < 2**63 else repr(v)
-
-
-def add_device(reg: Registry, dev: str, netns: str | None, status: dict | None,
+def add_device(reg: Families, dev: str, netns: str | None, status: dict | None,
                scrape_s: float, now: float | None = None) -> None:
     """The families of one device from its daemon status (None: the daemon did not answer)."""
     from ..nic.rx import RX_REASONS  # noqa: PLC0415
@@ -208,33 +190,69 @@ def add_device(reg: Registry, dev: str, netns: str | None, status: dict | None,
 
 def discover(run_dir: str | None = None) -> list:
     """The DeviceId of every daemon with a control socket in the run directory, in whichever
-    network namespace it runs."""
+    network namespace it runs (nic.devid reads the run directory: the only place that looks)."""
     from ..nic.devid import devices_in_run_dir  # noqa: PLC0415
     return devices_in_run_dir(run_dir)
 
 
-class Collector:
-    """What one scrape renders: the given devices, or every running daemon when none given."""
+@dataclass
+class Scrape:
+    """One daemon's answer to a scrape: its device, its status (None: it did not answer) and
+    how long the answer took."""
+    dev: str
+    netns: str | None
+    status: dict | None
+    seconds: float
+
+
+def scrape(devices: list[tuple[str, str | None]] | None = None,
+           timeout: float = 2.0) -> list[Scrape]:
+    """Ask each device's daemon (every running daemon when none given) for its status."""
+    from ..nic import daemon as d  # noqa: PLC0415
+    targets = ([d.DeviceId(dev, ns) for dev, ns in devices] if devices else discover())
+    out = []
+    for target in targets:
+        t0 = time.monotonic()
+        try:
+            status = d.request(target, {"op": "status"}, timeout=timeout)[0]
+            if "error" in status:
+                status = None
+        except (MetaroceError, OSError, ValueError):
+            status = None
+        if status:                                   # the daemon names its own device
+            dev, ns = status.get("dev") or target.dev, status.get("netns")
+        else:                                        # what its socket's name says
+            dev, ns = target.dev, target.netns_name()
+        out.append(Scrape(dev, ns or None, status, time.monotonic() - t0))
+    return out
+
+
+def families(scrapes: list[Scrape], now: float | None = None) -> Families:
+    """The metric families of a scrape."""
+    fams = Families()
+    for s in scrapes:
+        add_device(fams, s.dev, s.netns, s.status, s.seconds, now)
+    return fams
+
+
+class Collector(_PromCollector):
+    """A prometheus_client custom collector: each collect() scrapes the given devices (every
+    running daemon when none given), one scrape at a time."""
 
     def __init__(self, devices: list[tuple[str, str | None]] | None = None, timeout: float = 2.0):
         self.devices, self.timeout = devices, timeout
+        self._lock = threading.Lock()
 
-    def collect(self) -> str:
-        from ..nic import daemon as d  # noqa: PLC0415
-        reg = Registry()
-        devices = ([d.DeviceId(dev, ns) for dev, ns in self.devices] if self.devices
-                   else discover())
-        for did in devices:
-            t0 = time.monotonic()
-            dev, ns = did.dev, did.netns_name()
-            try:
-                status = d.request(did, {"op": "status"}, timeout=self.timeout)[0]
-                if "error" in status:
-                    status = None
-            except (MetaroceError, OSError, ValueError):
-                status = None
-            add_device(reg, dev, ns, status, time.monotonic() - t0)
-        return reg.render()
+    def scrape(self) -> list[Scrape]:
+        with self._lock:                  # one daemon round trip per device at a time
+            return scrape(self.devices, self.timeout)
+
+    def collect(self) -> list:
+        return families(self.scrape()).collect()
+
+    def render(self) -> str:
+        """One scrape in the text exposition format (what /metrics serves)."""
+        return generate_latest(self).decode()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -249,52 +267,46 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, port
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, addr, collector: Collector):
-        import socket  # noqa: PLC0415
-        if ":" in addr[0]:
-            self.address_family = socket.AF_INET6
-        self.collector = collector
-        self.lock = threading.Lock()
-        super().__init__(addr, _Handler)
+INDEX = (b"<html><head><title>MetaRoCE exporter</title></head><body>"
+         b"<h1>MetaRoCE exporter</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "metaroce-exporter"
+def app(collector: Collector):
+    """The WSGI application: prometheus_client's metrics app at /metrics, an index at /, 404
+    elsewhere."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    metrics = make_wsgi_app(reg)
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        path = self.path.split("?", 1)[0]
+    def route(environ, start_response):
+        path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            with self.server.lock:          # one daemon round trip per device at a time
-                body = self.server.collector.collect().encode()
-            self._reply(200, CONTENT_TYPE, body)
-        elif path == "/":
-            self._reply(200, "text/html; charset=utf-8",
-                        b"<html><head><title>MetaRoCE exporter</title></head><body>"
-                        b"<h1>MetaRoCE exporter</h1><p><a href=\"/metrics\">Metrics</a></p>"
-                        b"</body></html>\n")
-        else:
-            self._reply(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+            return metrics(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [INDEX]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics\n"]
+    return route
 
-    def _reply(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
-    do_HEAD = do_GET  # noqa: N815
+class _Server(ThreadingWSGIServer):
+    """prometheus_client's threading WSGI server, on IPv6 when the address is one."""
 
+    def __init__(self, addr, handler):
+        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        super().__init__(addr, handler)
+
+
+class _QuietHandler(WSGIRequestHandler):
     def log_message(self, fmt, *args):      # scrapes are not worth a line each
         pass
 
 
 def make_server(listen: str, collector: Collector) -> _Server:
+    """The HTTP server for `--listen` (not serving yet: serve_forever, shutdown, server_close)."""
     host, port = parse_listen(listen)
     try:
-        return _Server((host or "", port), collector)
+        return _wsgi_server(host or "", port, app(collector), _Server, _QuietHandler)
     except OSError as exc:
         raise MetaroceError(f"cannot listen on {listen}: {exc.strerror}") from None

@@ -35,6 +35,7 @@ struct mr_xsk {
     uint32_t frame_size, nframes;
     struct ring fill, comp, tx;
     uint64_t *free_frames;     /* UMEM offsets ready for new frames */
+    uint32_t *frame_len;       /* length queued in each UMEM frame (by offset / frame_size) */
     uint32_t nfree;
     struct mr_xsk_stats st;
 };
@@ -70,6 +71,7 @@ void mr_xsk_close(struct mr_xsk *x)
     if (x->umem)
         munmap(x->umem, x->umem_len);
     free(x->free_frames);
+    free(x->frame_len);
     free(x);
 }
 
@@ -97,7 +99,8 @@ struct mr_xsk *mr_xsk_open(int ifindex, uint32_t queue, uint32_t nframes, uint32
         goto fail;
     }
     x->free_frames = malloc(sizeof(uint64_t) * nframes);
-    if (!x->free_frames) {
+    x->frame_len = calloc(nframes, sizeof(uint32_t));
+    if (!x->free_frames || !x->frame_len) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -161,7 +164,9 @@ uint32_t mr_xsk_poll_tx(struct mr_xsk *x)
     uint32_t prod = __atomic_load_n(x->comp.producer, __ATOMIC_ACQUIRE);
     const uint64_t *addrs = x->comp.ring;
     while (cons != prod) {
-        x->free_frames[x->nfree++] = addrs[cons & x->comp.mask];
+        uint64_t addr = addrs[cons & x->comp.mask];
+        x->free_frames[x->nfree++] = addr;
+        x->st.tx_bytes += x->frame_len[addr / x->frame_size];
         cons++;
         x->st.tx_completed++;
     }
@@ -192,6 +197,7 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
             break;      /* the caller splits larger frames */
         uint64_t addr = x->free_frames[--x->nfree];
         memcpy(x->umem + addr, data + off, len);
+        x->frame_len[addr / x->frame_size] = len;
         descs[prod & x->tx.mask] = (struct xdp_desc){.addr = addr, .len = len, .options = 0};
         prod++;
         room--;
@@ -210,7 +216,15 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
 
 void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out)
 {
+    /* struct xdp_statistics grew over time: rx_dropped, rx_invalid_descs, tx_invalid_descs,
+     * then rx_ring_full, rx_fill_ring_empty_descs, tx_ring_empty_descs (5.9+) */
+    uint64_t ks[6] = {0};
+    socklen_t len = sizeof(ks);
     *out = x->st;
+    if (getsockopt(x->fd, SOL_XDP, XDP_STATISTICS, ks, &len) == 0) {
+        out->kern_tx_invalid_descs = ks[2];
+        out->kern_tx_ring_empty_descs = len >= sizeof(ks) ? ks[5] : 0;
+    }
 }
 
 uint32_t mr_xsk_tx_room(struct mr_xsk *x)
@@ -230,6 +244,7 @@ uint8_t *mr_xsk_tx_frame(struct mr_xsk *x, uint32_t *cap)
 void mr_xsk_tx_commit(struct mr_xsk *x, uint32_t len)
 {
     uint64_t addr = x->free_frames[--x->nfree];
+    x->frame_len[addr / x->frame_size] = len;
     uint32_t prod = *x->tx.producer;
     struct xdp_desc *descs = x->tx.ring;
     descs[prod & x->tx.mask] = (struct xdp_desc){.addr = addr, .len = len, .options = 0};

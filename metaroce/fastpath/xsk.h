@@ -11,6 +11,10 @@ struct mr_xsk_stats {
     uint64_t kicks;            /* sendto() wakeups */
     uint64_t kick_busy;        /* sendto() answered EAGAIN/EBUSY/ENOBUFS: retried later */
     uint64_t tx_ring_full;     /* frames not queued for want of a ring slot or UMEM frame */
+    uint64_t tx_bytes;         /* bytes of the frames the kernel gave back (tx_completed's) */
+    /* the kernel's own view (getsockopt XDP_STATISTICS), read by mr_xsk_get_stats */
+    uint64_t kern_tx_invalid_descs;     /* descriptors it refused (bad address or length) */
+    uint64_t kern_tx_ring_empty_descs;  /* wakeups that found the TX ring empty */
 };
 
 struct mr_xsk;

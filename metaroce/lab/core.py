@@ -113,15 +113,20 @@ def _stop_daemons(inodes: set[int]) -> list[dict]:
     return out
 
 
-def down_all() -> list[dict]:
-    require_root("the lab")
+def lab_names() -> list[str]:
+    """Every lab with a record, a namespace or pins (also half-built or half-removed ones)."""
     labs = set(state.names())
     for ns in netdev.list_netns():
         if ns.startswith(NETNS_PREFIX) and ns.count("-") >= 2:
             labs.add(ns[len(NETNS_PREFIX):].rsplit("-", 1)[0])
     if os.path.isdir(fabric.PIN_ROOT):
         labs.update(os.listdir(fabric.PIN_ROOT))
-    return [down(n) for n in sorted(labs)]
+    return sorted(labs)
+
+
+def down_all() -> list[dict]:
+    require_root("the lab")
+    return [down(n) for n in lab_names()]
 
 
 class LabView:

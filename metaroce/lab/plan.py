@@ -131,6 +131,7 @@ class LabPlan:
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
 _RATE_MULT = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+MAX_RATE_BPS = 10**13
 
 
 def parse_rate(text: str | int | None) -> int | None:
@@ -140,10 +141,12 @@ def parse_rate(text: str | int | None) -> int | None:
     m = _RATE_RE.match(text)
     if not m:
         raise UsageError(f"bad rate {text!r}: use e.g. 1gbit, 500mbit, 10g or bits per second")
-    bps = int(float(m.group(1)) * _RATE_MULT[m.group(2).lower()])
+    bps = float(m.group(1)) * _RATE_MULT[m.group(2).lower()]
+    if not bps <= MAX_RATE_BPS:             # also catches 1e400 (inf)
+        raise UsageError(f"rate {text!r} is above 10 Tbit/s")
     if bps < 10_000:
         raise UsageError(f"rate {text!r} is below 10 kbit/s")
-    return bps
+    return int(bps)
 
 
 def validate_name(name: str) -> str:
@@ -188,8 +191,8 @@ def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None
         raise UsageError(f"--mtu must be between {MIN_MTU} and {MAX_MTU}")
     rate_bps = parse_rate(rate)
     if ecn_threshold is not None:
-        if ecn_threshold <= 0:
-            raise UsageError("--ecn-threshold must be a positive number of bytes")
+        if not 0 < ecn_threshold <= 1 << 32:
+            raise UsageError("--ecn-threshold must be a positive number of bytes, at most 4 GiB")
         if rate_bps is None:
             raise UsageError("--ecn-threshold needs --rate (marking follows the shaped rate)")
     elif rate_bps is not None:

@@ -56,6 +56,27 @@ class CreditConfig:
     quiet_tick_s: float = 0.02     # while no QP is receiving, look less often
     min_share: int = 2
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "CreditConfig":
+        """Every field finite and in range, or one clear UsageError (a NaN round trip would
+        otherwise make every share a NaN long after the daemon started)."""
+        def check(name: str, lo, hi, types=(int, float), unit: str = "") -> None:
+            v = getattr(self, name)
+            # `not lo <= v <= hi` is True for NaN: every comparison with NaN is False
+            if isinstance(v, bool) or not isinstance(v, types) or not lo <= v <= hi:
+                raise UsageError(f"credit {name} must be from {lo:g} to {hi:g}{unit}, not {v!r}")
+        if self.link_rate_bps is not None:
+            check("link_rate_bps", 1e3, 1e13, unit=" bit/s")
+        for name, hi in (("base_rtt_s", 1.0), ("idle_s", 60.0), ("tick_s", 60.0),
+                         ("quiet_tick_s", 60.0)):
+            check(name, 1e-6, hi, unit=" s")
+        check("pmtu", 256, 4096, int)
+        check("min_senders", 1, 1 << 20, int)
+        check("min_share", 1, 1 << 24, int)
+        return self
+
     @property
     def bdp_pkts(self) -> int:
         return max(1, int(self.link_rate_bps * self.base_rtt_s / 8 / self.pmtu))

@@ -106,14 +106,37 @@ SPIN_SLICE_S = 50e-6
 SELECT_EVERY_S = 200e-6
 
 
+def parse_request(line: bytes) -> tuple[dict, str | None]:
+    """A request line: the object, and the first NaN or ±Infinity in it (Python's json reads
+    them, JSON has none; a NaN passes every range check and fails long after it was accepted,
+    so a request carrying one is refused, by its id)."""
+    constants: list[str] = []
+    req = json.loads(line, parse_constant=lambda name: constants.append(name) or float(name))
+    if not isinstance(req, dict):
+        raise ValueError("a request is a JSON object")
+    return req, (constants[0] if constants else None)
+
+
 class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
+        if credits is not None:
+            credits.validate()          # before anything is attached
         self.poll_bound = PollBound()            # busy-poll after work, then sleep
         self.dev, self.mode = dev, mode
+        self.rx = self.link_fd = self.device = self.sock = None
+        self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
+        self._created: list[str] = []   # the files this daemon made (socket, pid file)
+        try:
+            self._start(dev, mode, credits)
+        except BaseException:
+            self.close()                # a failed start leaves nothing attached or behind
+            raise
+
+    def _start(self, dev: DeviceId, mode: str, credits: CreditConfig | None) -> None:
         self.started = time.time()
         enter(dev)                       # the daemon lives in its device's namespace
         try:
@@ -124,13 +147,9 @@ class Daemon:
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
         self.displaced = xdpslot.take_over(self.ifindex, dev.restore_path)
+        self.took_slot = True
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
-        try:
-            self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
-        except OSError:
-            xdpslot.put_back(dev.restore_path)
-            self.rx.close()
-            raise
+        self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
         if credits is not None:
             if credits.link_rate_bps is None:
                 credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
@@ -143,8 +162,10 @@ class Daemon:
         except FileNotFoundError:
             pass
         self.sock.bind(dev.sock_path)
+        self._created.append(dev.sock_path)
         os.chmod(dev.sock_path, 0o660)      # root and the socket's group may use the device
         self.sock.listen(16)
+        self._created.append(dev.pid_path)
         with open(dev.pid_path, "w") as f:
             f.write(str(os.getpid()))
         self._stop = False
@@ -162,6 +183,8 @@ class Daemon:
                 "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "bpf_build": self.rx.build_info,
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
+                "port": self.rx.port_counters(),
+                "destroyed_qp_counters": dict(self.device.destroyed_qp_counters),
                 "tx": self.device.xsk.stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
                             if self.device.credits else {"enabled": False}),
@@ -264,10 +287,10 @@ class Daemon:
         fds: list[int] = []
         rid = None
         try:
-            req = json.loads(line)
-            if not isinstance(req, dict):
-                raise ValueError("a request is a JSON object")
+            req, constant = parse_request(line)
             rid = req.get("id")
+            if constant:
+                raise MetaroceError(f"{constant} is not a number a request may carry")
             rep, fds = self._op(conn, req)
             if fds:
                 rep = {**rep, "fds": len(fds)}
@@ -471,21 +494,33 @@ class Daemon:
         self._want_write(conn)
 
     def close(self) -> None:
-        os.close(self.link_fd)              # detaches the program
-        xdpslot.put_back(self.dev.restore_path)
-        self.device.close()
-        self.sock.close()
-        for p in (self.dev.sock_path, self.dev.pid_path):
+        """Detach and release everything; also what a start that failed half-way had made."""
+        if self.link_fd is not None:
+            os.close(self.link_fd)          # detaches the program
+            self.link_fd = None
+        if self.took_slot:
+            xdpslot.put_back(self.dev.restore_path)
+            self.took_slot = False
+        if self.device is not None:
+            self.device.close()
+            self.device = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        for p in self._created:
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        self._created = []
         try:                                # a clean stop keeps a log only if it says something
             if os.path.getsize(self.dev.log_path) == 0:
                 os.unlink(self.dev.log_path)
         except OSError:
             pass
-        self.rx.close()
+        if self.rx is not None:
+            self.rx.close()
+            self.rx = None
 
 
 def not_running(dev: DeviceId) -> str:
@@ -498,34 +533,57 @@ def already_running(dev: DeviceId, pid: int) -> str:
 
 
 def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[int]]:
-    """One request to a running daemon; returns its reply and any fds it passed."""
+    """One request to a running daemon; returns its reply and any fds it passed. Every failure,
+    an {"error": ...} reply included, is a MetaroceError with one clear line."""
+    where, op = dev.where(), req.get("op")
+    try:
+        line = (json.dumps(req, allow_nan=False) + "\n").encode()
+    except ValueError:
+        raise MetaroceError(f"{op}: a request cannot carry NaN or an infinity") from None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
+    fds = array.array("i")
+    rep = None
     try:
-        s.connect(dev.sock_path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        raise MetaroceError(not_running(dev)) from None
-    try:
-        s.sendall((json.dumps(req) + "\n").encode())
-        fds = array.array("i")
+        try:
+            s.connect(dev.sock_path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise MetaroceError(not_running(dev)) from None
+        s.sendall(line)
         data = b""
         while not data.endswith(b"\n"):
             msg, anc, _flags, _addr = s.recvmsg(65536, socket.CMSG_SPACE(16 * fds.itemsize))
             if not msg:
-                break
+                raise MetaroceError(f"the MetaRoCE daemon on {where} closed the connection "
+                                    f"without answering {op}")
             data += msg
             for level, ctype, cdata in anc:
                 if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
                     fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
-        return json.loads(data), list(fds)
+        rep = json.loads(data)
+        if not isinstance(rep, dict):
+            raise MetaroceError(f"the MetaRoCE daemon on {where} answered {op} with {rep!r}")
+        if "error" in rep:
+            raise MetaroceError(f"{op} on {where}: {rep['error']}")
+    except TimeoutError:
+        raise MetaroceError(f"the MetaRoCE daemon on {where} did not answer {op} "
+                            f"within {timeout:g} s") from None
+    except (OSError, ValueError) as exc:    # a refused connection, a reply that is not JSON
+        raise MetaroceError(f"talking to the MetaRoCE daemon on {where}: {exc}") from None
     finally:
         s.close()
+        if not isinstance(rep, dict) or "error" in rep:
+            for fd in fds:                  # nobody will use what came with a failure
+                os.close(fd)
+    return rep, list(fds)
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
     """Start a daemon for dev in a process of its own (a fresh interpreter: see
     daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
     not), return its status."""
+    if credits is not None:
+        credits.validate()              # a NaN never reaches the daemon's command line
     pid = running_pid(dev)
     if pid:
         raise MetaroceError(already_running(dev, pid))
@@ -555,8 +613,28 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
         if not answer:
             answer = "error: the daemon died while starting: " + _last_line(dev.log_path)
         raise MetaroceError(answer.removeprefix("error: "))
+    try:
+        st = request(dev, {"op": "status"})[0]
+    except BaseException as exc:        # serving, but not well: nothing may stay behind
+        _stop_child(child)
+        clean_stale(dev)
+        if isinstance(exc, MetaroceError):
+            raise MetaroceError(f"the daemon on {dev.where()} started but failed; it was "
+                                f"stopped ({exc})") from None
+        raise
     _children.append(child)                 # reaped by stop(), or when this process exits
-    return request(dev, {"op": "status"})[0]
+    return st
+
+
+def _stop_child(child: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """Stop a daemon this process started (SIGTERM, then SIGKILL) and reap it: once it is gone
+    its BPF link is closed, so its program is detached."""
+    child.terminate()
+    try:
+        child.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 _children: list[subprocess.Popen] = []

@@ -23,6 +23,7 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
               "beyond_window", "bad_pkey", "bad_recv_wqe")
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
+PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes")   # port_counters map
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
 CREDIT_VALID = 0x80000000        # an event's len carries a Credit Limit PSN (nic_consts.h)
@@ -310,6 +311,12 @@ class RxPath:
         out = {name: sum(rx[rx.Key(i)]) for i, name in enumerate(RX_REASONS)}
         out.update({f"tx_{name}": sum(tx[tx.Key(i)]) for i, name in enumerate(TX_COUNTERS)})
         return out
+
+    def port_counters(self) -> dict:
+        """Every RoCE frame received and every reply sent by the program, whatever the QP or
+        the verdict (frames and bytes), summed over CPUs."""
+        pc = self.bpf[b"port_counters"]
+        return {name: sum(pc[pc.Key(i)]) for i, name in enumerate(PORT_COUNTERS)}
 
     def event_counters(self) -> dict:
         ev = self.bpf[b"ev_counters"]

@@ -1,18 +1,21 @@
 """Device and QP statistics in the ecosystem's names: the kernel's receive verdicts and reply
 counters and the requester's per-QP counters, summed into rdma-core's hw_counters names where
-one exists (mlx5's `rdma statistic` set) and kept by drop reason otherwise. Pure: it reads a
-daemon status document and returns dictionaries."""
+one exists (mlx5's `rdma statistic` set) and kept by drop reason otherwise; the port counters
+(rdma-core's ports/1/counters) count every frame of the device. Device and port counters are
+device totals: traffic of every QP (verbs applications', the daemon's endpoints, raw ones),
+including QPs destroyed since, so they never go backwards while the daemon lives. Pure: it
+reads a daemon status document and returns dictionaries."""
 
 from __future__ import annotations
 
 # hw counter name -> (where it comes from, key)
 #   "rx": a receive verdict of the XDP program; "tx": a reply the XDP program sent;
-#   "qp": summed over the device's QPs
+#   "qp": summed over the device's QPs, those destroyed included; "port": PORT_COUNTERS below
 HW_COUNTERS = {
-    "rx_packets": ("qp", "rx_packets"),
-    "rx_bytes": ("qp", "rx_bytes"),
-    "tx_packets": ("qp", "sent_packets"),
-    "tx_bytes": ("qp", "sent_bytes"),
+    "rx_packets": ("port", "port_rcv_packets"),
+    "rx_bytes": ("port", "rcv_bytes"),
+    "tx_packets": ("port", "port_xmit_packets"),
+    "tx_bytes": ("port", "xmit_bytes"),
     "rx_read_requests": ("rx", "read_request"),
     "rx_atomic_requests": ("rx", "atomic"),
     "out_of_sequence": ("rx", "psn_out_of_order"),
@@ -42,14 +45,40 @@ QP_FIELDS = ("rx_packets", "rx_bytes", "sent_packets", "sent_bytes", "out_of_seq
 PATH_FIELDS = ("sport", "sent_packets", "lost", "rtos", "ecn_echoes", "evictions")
 
 
+# rdma-core's port counters (IB PortCounters; /sys/class/infiniband/DEV/ports/1/counters):
+# port_*_data are in 4-octet words, as there. Received: every RoCE frame the XDP program saw
+# (dropped ones too); transmitted: the program's replies (XDP_TX) and the frames the daemon
+# sent (its AF_XDP socket); port_rcv_errors: malformed frames and bad ICRCs.
+PORT_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
+                 "unicast_xmit_packets", "unicast_rcv_packets", "port_rcv_errors")
+
+
+def _port(status: dict) -> dict:
+    """Port counters, plus the byte counts they are made of (rcv_bytes, xmit_bytes)."""
+    k, xsk, rx = status.get("port", {}), status.get("tx", {}), status.get("counters", {})
+    rcv_pkts, rcv_bytes = int(k.get("rcv_packets", 0)), int(k.get("rcv_bytes", 0))
+    xmit_pkts = int(k.get("xmit_packets", 0)) + int(xsk.get("tx_completed", 0))
+    xmit_bytes = int(k.get("xmit_bytes", 0)) + int(xsk.get("tx_bytes", 0))
+    return {"port_xmit_data": xmit_bytes // 4, "port_rcv_data": rcv_bytes // 4,
+            "port_xmit_packets": xmit_pkts, "port_rcv_packets": rcv_pkts,
+            "unicast_xmit_packets": xmit_pkts, "unicast_rcv_packets": rcv_pkts,
+            "port_rcv_errors": int(rx.get("malformed", 0)) + int(rx.get("bad_icrc", 0)),
+            "rcv_bytes": rcv_bytes, "xmit_bytes": xmit_bytes}
+
+
 def device_stats(status: dict) -> dict:
-    """{"hw_counters", "drops", "replies", "qps"} from a daemon status document."""
+    """{"hw_counters", "port_counters", "drops", "replies", "qps"} from a daemon status
+    document."""
     rx = status.get("counters", {})
     qps = status.get("qps", [])
+    gone = status.get("destroyed_qp_counters", {})
+    port = _port(status)
     hw = {}
     for name, (src, key) in HW_COUNTERS.items():
         if src == "qp":
-            hw[name] = sum(int(q.get(key, 0)) for q in qps)
+            hw[name] = sum(int(q.get(key, 0)) for q in qps) + int(gone.get(key, 0))
+        elif src == "port":
+            hw[name] = port[key]
         elif src == "tx":
             hw[name] = int(rx.get("tx_" + key, 0))
         else:
@@ -67,22 +96,26 @@ def device_stats(status: dict) -> dict:
             doc["paths"] = [{"path": int(p["path"]), **{k: int(p.get(k, 0)) for k in PATH_FIELDS}}
                             for p in q["path_stats"]]
         out_qps.append(doc)
-    return {"hw_counters": hw, "drops": drops, "drops_total": sum(drops.values()),
-            "replies": replies, "qps": out_qps}
+    return {"hw_counters": hw, "port_counters": {k: port[k] for k in PORT_COUNTERS},
+            "drops": drops, "drops_total": sum(drops.values()), "replies": replies,
+            "qps": out_qps}
 
 
 def format_stats(dev: str, st: dict, show_zero: bool = True) -> list[str]:
-    """`rdma statistic show`-style lines: one per link, one per QP."""
+    """`rdma statistic show`-style lines: the link's hw counters, its port counters, its drops,
+    then one line per QP (QP numbers in hex, as rdma-core prints them)."""
     def pairs(d: dict) -> str:
         return " ".join(f"{k} {v}" for k, v in d.items() if show_zero or v)
     lines = [f"link {dev}/1 {pairs(st['hw_counters'])}".rstrip(),
+             f"link {dev}/1 {pairs(st.get('port_counters', {}))}".rstrip(),
              f"link {dev}/1 drops {st['drops_total']} {pairs(st['drops'])}".rstrip()]
     for q in st["qps"]:
-        head = (f"link {dev}/1 lqpn {q['qpn']} type RC state {q['state']} mode {q['mode']} "
-                f"rqpn {q['rqpn']} peer {q['peer']}")
+        rqpn = "-" if q["rqpn"] is None else f"0x{q['rqpn']:06x}"
+        head = (f"link {dev}/1 lqpn {q['lqpn']} type RC state {q['state']} mode {q['mode']} "
+                f"rqpn {rqpn} peer {q['peer'] or '-'}")
         body = {k: q[k] for k in QP_FIELDS}
         lines.append(f"{head} {pairs(body)}".rstrip())
         for p in q.get("paths", []):
-            lines.append(f"link {dev}/1 lqpn {q['qpn']} path {p['path']} "
+            lines.append(f"link {dev}/1 lqpn {q['lqpn']} path {p['path']} "
                          f"{pairs({k: p[k] for k in PATH_FIELDS})}".rstrip())
     return lines

@@ -45,6 +45,21 @@ class Options:
     tx_depth: int = 128
     cpu: int | None = None
 
+    def __post_init__(self):
+        if self.test not in TESTS:
+            raise MetaroceError(f"unknown perf test {self.test!r} (one of {', '.join(TESTS)})")
+        # NaN passes no comparison: `not lo <= x <= hi` refuses it (a NaN -D ran no iteration)
+        if self.duration is not None and not 0 < self.duration <= 86400:
+            raise MetaroceError(f"duration must be a number of seconds in (0, 86400], "
+                                f"not {self.duration!r}")
+        for name, lo, hi in (("size", 1, 1 << 30), ("qps", 1, 1024), ("tx_depth", 1, 4096),
+                             ("port", 1, 65535)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not lo <= v <= hi:
+                raise MetaroceError(f"{name} must be an integer from {lo} to {hi}, not {v!r}")
+        if self.iters is not None and not (isinstance(self.iters, int) and self.iters >= 1):
+            raise MetaroceError(f"iters must be a positive integer, not {self.iters!r}")
+
     def sizes(self) -> list[int]:
         if self.test == "atomic-lat":
             return [8]

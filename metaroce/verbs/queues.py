@@ -89,7 +89,11 @@ class SendQueue(_Ring):
             raise BadWqe(WcStatus.LOC_QP_OP_ERR, f"unknown work request opcode {wr.opcode!r}")
         flags = int(wr.send_flags)
         inline = SEND_KINDS[op][0] in (MSG_WRITE, MSG_SEND) and flags & _INLINE
-        data = bytes(wr.inline_data or b"") if inline else b""
+        data = b""
+        if inline and wr.inline_data is not None:
+            if not isinstance(wr.inline_data, (bytes, bytearray, memoryview)):
+                raise MetaroceError("inline_data must be bytes")
+            data = bytes(wr.inline_data)
         sg = [] if inline else wr.sg_list
         check_send(op, flags, sg, len(data), int(wr.remote_addr), self.max_sge,
                    self.max_inline, local)
@@ -121,6 +125,8 @@ class RecvQueue(_Ring):
         self.max_wr = int(desc["max_wr"])
 
     def post(self, wrs: list, local) -> int:
+        """As ibv_post_recv: the receives before the first bad one are posted, then the bad
+        one's error is raised; returns 0 or the C layer's -ENOSPC / -EPIPE."""
         stride = self.stride
         buf = bytearray(len(wrs) * stride)
         for i, wr in enumerate(wrs):
@@ -132,7 +138,12 @@ class RecvQueue(_Ring):
                     raise MetaroceError("wr_id must fit 64 bits (0 .. 2^64-1)")
                 RECV_WQE.pack_into(buf, off, int(wr.wr_id), 1)
                 SGE.pack_into(buf, off + RECV_WQE_DATA, int(s[0]), int(s[1]), int(s[2]))
-            except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+            except (MetaroceError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                rc = self.c.mr_vq_post(self.q, self.ffi.from_buffer(buf), i) if i else 0
+                if rc:
+                    return rc
+                if isinstance(exc, MetaroceError):
+                    raise
                 raise MetaroceError(f"receive {i} is malformed: {exc}") from None
         return self.c.mr_vq_post(self.q, self.ffi.from_buffer(buf), len(wrs))
 

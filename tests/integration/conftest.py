@@ -1,9 +1,9 @@
 """Root/BPF integration fixtures: real namespaces, veth links and BCC-loaded programs."""
 
 import os
-import shutil
 
 import pytest
+from _deps import in_ci
 
 from metaroce.errors import MetaroceError
 
@@ -27,7 +27,7 @@ REASON = _why_not()
 def pytest_collection_modifyitems(config, items):
     if REASON is None:
         return
-    if os.environ.get("CI"):
+    if in_ci():
         # CI here is root with BPF: an integration test that cannot run is a failure, not a skip
         raise pytest.UsageError(f"integration tests cannot run in CI: {REASON}")
     for item in items:
@@ -56,7 +56,3 @@ def lab_name():
 @pytest.fixture(scope="module")
 def module_lab_name():
     yield from _lab("m")
-
-
-def have(tool: str) -> bool:
-    return shutil.which(tool) is not None

@@ -5,6 +5,7 @@ honesty check that the QPs moved what a ring allreduce must move."""
 
 import numpy as np
 import pytest
+from _deps import require
 from collectives_util import (CASES, SIZES, allreduce_rank, lossy_rank, others_rank, rank_data,
                               tree_rank)
 from verbs_util import daemons, ip_of
@@ -140,23 +141,8 @@ def test_broadcast_allgather_reduce_scatter_barrier_send_recv(star):
     assert list(res[0]["p2p"]) == [7, 8, 9]
 
 
-@pytest.fixture(scope="module")
-def torch_installed():
-    """torch is the optional .[torch] extra: install the pinned CPU build when it is missing."""
-    import importlib
-    import subprocess
-    import sys
-    try:
-        importlib.import_module("torch")
-    except ImportError:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "torch==2.13.0"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"torch==2.13.0 could not be installed: {r.stderr[-500:]}")
-        importlib.invalidate_caches()
-
-
-def test_ddp_over_metaroce_matches_gloo(star, torch_installed):
+def test_ddp_over_metaroce_matches_gloo(star):
+    require("torch", "the .[torch] extra (make setup installs it)")
     from metaroce.collectives.train import compare, ddp_rank
     addrs, netns = star
     steps, runs = 8, {}

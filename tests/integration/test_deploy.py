@@ -15,10 +15,9 @@ import time
 import urllib.request
 
 import pytest
+from _deps import require_tool
 
 from metaroce.lab import core
-
-from conftest import have
 
 pytestmark = pytest.mark.root
 METAROCE = os.path.join(os.path.dirname(sys.executable), "metaroce")
@@ -113,8 +112,7 @@ def _send_unknown_qp(ns: str, dst: str) -> None:
 
 
 def test_unit_execstart_and_exporter(lab, tmp_path):
-    if not have("systemd-analyze"):
-        pytest.skip("systemd-analyze missing (tools/setup.sh installs Debian's systemd)")
+    require_tool("systemd-analyze", "Debian's systemd (make setup installs it)")
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "eth0.toml").write_text('dev = "eth0"\nmode = "metaroce"\n')
@@ -180,6 +178,17 @@ def test_unit_execstart_and_exporter(lab, tmp_path):
         assert fams["metaroce_retransmitted_packets"].samples[0].value == 0
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(url.replace("/metrics", "/nope"), timeout=5)
+        # labels come from the daemon's status, not from its socket's file name: the same
+        # daemon found under a name that says nothing of its namespace (inode 1 is none)
+        other = tmp_path / "other-run"
+        other.mkdir()
+        inode = os.stat(f"/var/run/netns/{ns}").st_ino
+        (other / "net1--eth0.sock").symlink_to(run_dir / f"net{inode}--eth0.sock")
+        once = run("exporter", "--once", env=dict(os.environ, METAROCE_RUN_DIR=str(other)))
+        fams = {f.name: f for f in text_string_to_metric_families(once.stdout)}
+        assert [(x.labels, x.value) for x in fams["metaroce_device_up"].samples] == \
+            [({"dev": "eth0", "netns": ns}, 1)]
+        assert {x.labels["qpn"] for x in fams["metaroce_qp_info"].samples} == {str(qpn)}
     finally:
         if exporter:
             exporter.send_signal(signal.SIGTERM)

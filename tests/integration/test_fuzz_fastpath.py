@@ -11,8 +11,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (BPF): run sudo make test")
-
 PACKETS = 150_000
 
 

@@ -2,7 +2,11 @@
 duplication (tc clone-redirect) and reordering (tc hold-and-release), each within ±30 % of
 the asked fraction over 20,000 frames with a fixed seed; only UDP 4791 unless --all-traffic."""
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +98,48 @@ def test_only_roce_unless_all_traffic(pair):
         assert _within(other.lost / 2000, 0.5), other
     finally:
         pair.impair("h1-sw1", "a-b", None)
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+    return subprocess.run([sys.executable, "-m", "metaroce.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+def _impair_of(view, link="h1-sw1"):
+    """What the lab's record says now (another process changed it)."""
+    links = core.LabView(view.name).status(counters=False)["links"]
+    return {l["name"]: l for l in links}[link]["impair"]
+
+
+def test_cli_needs_an_impairment_or_clear_and_says_what_it_set(pair):
+    """`lab impair h1` with no impairment flag silently cleared the link's impairment, and
+    its success output was a Python dict on stderr."""
+    name = pair.name
+    set_ = _cli("lab", "impair", "--name", name, "h1", "--loss", "0.05", "--dup", "0.01",
+                "--seed", "3")
+    try:
+        assert set_.returncode == 0 and set_.stdout == "", set_.stderr
+        assert set_.stderr == ("link h1-sw1: a-b: loss 5% duplicate 1% seed 3; "
+                               "b-a: loss 5% duplicate 1% seed 3\n"), set_.stderr
+        before = _impair_of(pair)
+        assert before["a-b"]["loss"] == 0.05
+
+        for args in ([], ["--dir", "a-b"], ["--seed", "9"], ["--reorder-depth", "4"]):
+            p = _cli("lab", "impair", "--name", name, "h1", *args)
+            assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+            assert "no impairment given" in p.stderr and "--clear" in p.stderr
+            pj = _cli("lab", "impair", "--name", name, "h1", *args, "--json")
+            assert pj.returncode == 2 and "no impairment given" in json.loads(pj.stdout)["error"]
+        p = _cli("lab", "impair", "--name", name, "h1", "--clear", "--loss", "0.2")
+        assert p.returncode == 2 and "--clear takes no impairment options" in p.stderr
+        assert _impair_of(pair) == before              # none of these touched the link
+
+        half = _cli("lab", "impair", "--name", name, "h1", "--clear", "--dir", "b-a", "--json")
+        assert half.returncode == 0 and half.stderr == ""
+        doc = json.loads(half.stdout)                  # one JSON document on stdout
+        assert doc["link"] == "h1-sw1" and set(doc["impair"]) == {"a-b"}
+    finally:
+        clear = _cli("lab", "impair", "--name", name, "h1", "--clear")
+    assert clear.returncode == 0 and clear.stderr == "link h1-sw1: no impairment\n"
+    assert _impair_of(pair) == {}

@@ -8,11 +8,12 @@ import os
 import threading
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from verbs_util import End, connect, ip_of, leaf_spine
 
 from metaroce.cm import connect as cm_connect
 from metaroce.cm import Listener
-from metaroce.deploy.exporter import Registry, add_device
+from metaroce.deploy.exporter import Scrape, families
 from metaroce.lab.impair import Impairment
 from metaroce.nic.stats import device_stats, format_stats
 from metaroce.verbs import CQ, IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, PD, SendWR
@@ -69,11 +70,15 @@ def test_mp1_mp3_mp4_packets_sprayed_over_distinct_ports(fabric):
     q = next(q for q in ds["qps"] if q["qpn"] == a.qp.qp_num)
     assert [p["sport"] for p in q["paths"]] == [p["sport"] for p in ps]
     lines = format_stats("eth0", ds)
-    assert sum(f"lqpn {a.qp.qp_num} path " in line for line in lines) == 4
-    reg = Registry()
-    add_device(reg, "eth0", None, status, 0.0)
-    text = reg.render()
-    assert text.count(f'metaroce_qp_path_sent_packets_total{{dev="eth0",netns="",qpn="{a.qp.qp_num}"') == 4
+    assert sum(f"lqpn 0x{a.qp.qp_num:06x} path " in line for line in lines) == 4
+    text = families([Scrape("eth0", None, status, 0.0)]).render()
+    exported = {(s.labels["qpn"], s.labels["sport"]): s.value
+                for f in text_string_to_metric_families(text)
+                if f.name == "metaroce_qp_path_sent_packets"
+                for s in f.samples}
+    assert {sp: v for (qpn, sp), v in exported.items() if qpn == str(a.qp.qp_num)} == \
+        {str(p["sport"]): p["sent_packets"] for p in
+         next(x for x in status["qps"] if x["qpn"] == a.qp.qp_num)["path_stats"]}
     _close(a, b)
 
 

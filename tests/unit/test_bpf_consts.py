@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from metaroce.lab import fabric
-from metaroce.nic.rx import RX_REASONS, TX_COUNTERS
+from metaroce.nic.rx import PORT_COUNTERS, RX_REASONS, TX_COUNTERS
 from metaroce.wire import consts
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
@@ -38,6 +38,9 @@ def test_nic_drop_reasons_match_their_names():
     assert d["RX_NREASONS"] == len(RX_REASONS)
     replies = sorted(((v, k) for k, v in d.items() if k.startswith("TX_") and k != "TX_NCOUNTERS"))
     assert [k[3:].lower() for _, k in replies] == list(TX_COUNTERS)
+    port = sorted(((v, k) for k, v in d.items() if k.startswith("PORT_") and k != "PORT_NCOUNTERS"))
+    assert [k[5:].lower() for _, k in port] == list(PORT_COUNTERS)
+    assert d["PORT_NCOUNTERS"] == len(PORT_COUNTERS)
     assert d["RC_ACKNOWLEDGE"] == consts.Opcode.RC_ACKNOWLEDGE
     assert d["AETH_ACK_UNLIMITED"] == consts.AETH_ACK_UNLIMITED
     assert d["AETH_NAK_PSN_SEQ"] == consts.AethType.NAK | consts.NakCode.PSN_SEQ_ERROR

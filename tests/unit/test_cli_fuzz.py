@@ -22,7 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaroce.cli import SUBCOMMANDS, cli, main
+from metaroce.cli.params import FiniteFloat, QpnType
 
+NON_FINITE = ["nan", "NaN", "-nan", "inf", "-inf", "+inf", "Infinity", "-Infinity", "1e400",
+              "-1e400"]
 HOSTILE_NUMBERS = ["0", "-1", "-0", "1e308", "-1e308", "inf", "-inf", "nan", "NaN", "1e-320",
                    str(2 ** 63), str(-(2 ** 63) - 1), str(2 ** 200), "0x10", "1_000", " 7", "",
                    "3.5", "٣", "１"]
@@ -68,6 +71,31 @@ def test_parser_raises_only_usage_errors(path, cmd, data):
             cmd.make_context(" ".join(path), list(argv))
     except (click.ClickException, click.exceptions.Exit):
         pass
+
+
+NUMERIC_PARAMS = [(path, p) for path, cmd in LEAVES for p in cmd.params
+                  if isinstance(p.type, (click.types.FloatParamType, click.types.IntParamType,
+                                         QpnType))]
+
+
+def test_there_are_numeric_options():
+    names = {" ".join(path) + " " + p.name for path, p in NUMERIC_PARAMS}
+    assert {"up credit_rtt_us", "perf duration", "lab impair loss", "sim loss loss",
+            "stats qpn", "qp connect qpn", "fuzz time_limit"} <= names, names
+
+
+@pytest.mark.parametrize("path,param", NUMERIC_PARAMS,
+                         ids=[" ".join(p) + " " + q.name for p, q in NUMERIC_PARAMS])
+def test_every_numeric_option_refuses_non_finite_values(path, param):
+    """NaN passes every range check (each comparison is False), so a plain FloatRange lets it
+    through and a command runs with it: every number a command takes is refused by the parser
+    when it is NaN or infinite, and every float option uses the finite type."""
+    ctx = click.Context(click.Command(path[-1]))
+    for value in NON_FINITE:
+        with pytest.raises(click.BadParameter):
+            param.type.convert(value, param, ctx)
+    if isinstance(param.type, click.types.FloatParamType):
+        assert isinstance(param.type, FiniteFloat), (path, param.name)
 
 
 def run(argv):
@@ -169,7 +197,14 @@ def query_argv(draw):
         ["fuzz", "--packets", draw(st.sampled_from(["-1", "0", "nan", "x"]))],
         ["perf", draw(st.sampled_from(["write-bw", "nope", ""])), "--dev", NO_SUCH,
          "-s", draw(st.sampled_from(["0", "-1", "1Q", "1e9999", "64", "x"])),
-         "-n", draw(st.sampled_from(["0", "-5", "x"]))],
+         "-n", draw(st.sampled_from(["0", "-5", "x"])),
+         "-D", draw(st.sampled_from(NON_FINITE + ["0", "-1", "0.5", "1e308"]))],
+        ["up", "--dev", NO_SUCH, "--credit-rtt-us", draw(st.sampled_from(NON_FINITE + ["0"])),
+         "--link-rate", draw(st.sampled_from(NON_FINITE + ["1e400gbit", "10gbit", "0"]))],
+        ["lab", "impair", "h1", "--name", NO_SUCH,
+         draw(st.sampled_from(["--loss", "--dup", "--reorder"])), draw(st.sampled_from(NON_FINITE))],
+        ["qp", "connect", draw(st.sampled_from(NON_FINITE + ["0x", "0x1000000", "-0x1"])),
+         "--dev", NO_SUCH, "--remote", "/nonexistent.json"],
     ]
     argv = draw(st.sampled_from(forms))
     if draw(st.booleans()):
@@ -182,8 +217,10 @@ def query_argv(draw):
 def test_queries_against_nothing_fail_cleanly(argv):
     code, out, err = run(argv)
     check_contract(argv, code, out, err)
-    if argv[0] in ("stats", "status", "qp", "lab") and argv[:2] != ["lab", "exec"]:
+    if argv[0] in ("stats", "status", "qp", "lab", "up") and argv[:2] != ["lab", "exec"]:
         assert code != 0, argv
+    if argv[0] != "spec" and any(a in NON_FINITE for a in argv):   # (spec's are text)
+        assert code == 2, argv          # a number: refused by the parser, before anything ran
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

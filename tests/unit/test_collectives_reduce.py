@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from _deps import require
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,8 +44,8 @@ def test_bf16_round_trip_and_rounding_matches_round_to_nearest_even():
     assert np.isnan(R.bf16_to_f32(R.f32_to_bf16(np.array([np.nan], np.float32))))[0]
 
 
-def test_bf16_matches_torch_when_available():
-    torch = pytest.importorskip("torch", reason="torch not installed (the .[torch] extra)")
+def test_bf16_matches_torch():
+    torch = require("torch", "the .[torch] extra (make setup installs it)")
     x = np.random.default_rng(1).normal(size=10000).astype(np.float32) * 1e3
     ours = R.f32_to_bf16(x)
     theirs = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)

@@ -1,12 +1,12 @@
 """Prometheus exposition of a daemon status: names, types, labels, parsed by prometheus_client."""
 
 import pytest
+from prometheus_client import parser
 
 from metaroce.deploy import exporter as ex
 from metaroce.errors import UsageError
 from metaroce.nic.stats import DROP_REASONS
 
-parser = pytest.importorskip("prometheus_client.parser")
 
 STATUS = {
     "dev": "eth1", "netns": None, "pid": 42, "mode": "metaroce", "xdp_mode": "native",
@@ -14,6 +14,7 @@ STATUS = {
     "counters": {"placed": 1000, "not_roce": 7, "bad_icrc": 3, "unknown_qp": 1, "wrong_mode": 2,
                  "duplicate": 4, "read_request": 5, "tx_ack": 90, "tx_sack": 11, "tx_cnp": 0},
     "events": {"events": 500, "events_lost": 0},
+    "port": {"rcv_packets": 600, "rcv_bytes": 600 * 4096, "xmit_packets": 101, "xmit_bytes": 6464},
     "tx": {"tx_queued": 10, "tx_completed": 9, "kicks": 3, "kick_busy": 0, "tx_ring_full": 1},
     "qps": [{"qpn": 0x11, "state": "RTS", "mode": "metaroce",
              "remote": {"qpn": 0x22, "ip": "10.0.0.2"}, "sq_outstanding": 3, "window_pkts": 17,
@@ -28,7 +29,7 @@ def families(text):
 
 
 def render(status=STATUS, dev="eth1", netns=None):
-    reg = ex.Registry()
+    reg = ex.Families()
     ex.add_device(reg, dev, netns, status, 0.002, now=1000.0)
     return reg.render()
 
@@ -97,7 +98,7 @@ def test_a_daemon_that_does_not_answer():
 
 
 def test_two_devices_share_families():
-    reg = ex.Registry()
+    reg = ex.Families()
     ex.add_device(reg, "eth1", None, STATUS, 0.001, now=1000.0)
     ex.add_device(reg, "eth2", "ns\"q\\", STATUS, 0.001, now=1000.0)
     text = reg.render()
@@ -125,3 +126,10 @@ def test_discover(tmp_path):
     for name in (f"net{me}--eth1.sock", f"net{me}--eth1.pid", "host--eth0.sock", "junk.sock"):
         (tmp_path / name).write_text("")
     assert ex.discover(str(tmp_path)) == [DeviceId("eth1")]
+
+
+def test_a_family_keeps_its_label_names():
+    reg = ex.Families()
+    reg.add("qps", "gauge", "h", {"dev": "eth0", "netns": ""}, 1)
+    with pytest.raises(ValueError, match="metaroce_qps"):
+        reg.add("qps", "gauge", "h", {"netns": "", "dev": "eth0"}, 1)

@@ -3,6 +3,7 @@
 right opcode sequence, and reassemble to the message."""
 
 import pytest
+from _deps import require
 from scapy.contrib.roce import BTH as ScapyBTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
@@ -12,7 +13,7 @@ from metaroce.wire import consts as C
 from metaroce.wire.headers import RETH
 from metaroce.wire.packet import parse_frame
 
-_xsk = pytest.importorskip("metaroce.fastpath._xsk", reason="fast path not built: run make setup")
+_xsk = require("metaroce.fastpath._xsk", "the fast path's C helpers are not built: run make setup")
 ffi, lib = _xsk.ffi, _xsk.lib
 
 

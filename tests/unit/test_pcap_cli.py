@@ -1,4 +1,4 @@
-"""`metaroce pcap sample|decode`: golden file, JSON Lines contract, clear errors."""
+"""`metaroce pcap sample|decode`: golden file, one JSON document with --json, clear errors."""
 
 import json
 import struct
@@ -27,7 +27,9 @@ def test_sample_then_decode_json(tmp_path, capsys):
     assert rc == 0 and "wrote" in err
     rc, out, _ = run(capsys, "pcap", "decode", str(path), "--json")
     assert rc == 0
-    docs = [json.loads(line) for line in out.splitlines()]
+    doc = json.loads(out)                    # one document, whatever the number of frames
+    assert doc["file"] == str(path)
+    docs = doc["frames"]
     assert len(docs) == 2 * len(LAYOUTS)
     assert [d["frame"] for d in docs] == list(range(1, len(docs) + 1))
     assert {(d["ip_version"], d["opcode"]) for d in docs} == {(v, o) for v in (4, 6) for o in LAYOUTS}
@@ -48,7 +50,7 @@ def test_decode_reports_non_roce_and_broken_frames(tmp_path, capsys):
     write_pcap(path, [good, bad_icrc, arp, bytes(other_udp), good[:40]])
     rc, out, _ = run(capsys, "pcap", "decode", "--json", str(path))
     assert rc == 0
-    docs = [json.loads(line) for line in out.splitlines()]
+    docs = json.loads(out)["frames"]
     assert [(d["error"], d["icrc_ok"]) for d in docs] == [
         (None, True), ("bad_icrc", False), ("not_ip", None), ("not_roce", None),
         ("truncated", None)]
@@ -94,3 +96,15 @@ def test_sample_ipv_option_and_unwritable_target(tmp_path, capsys):
     assert rc == 0 and json.loads(out)["packets"] == len(LAYOUTS)
     rc, _, err = run(capsys, "pcap", "sample", str(tmp_path / "missing" / "x.pcap"))
     assert rc != 0 and "cannot write" in err
+
+
+def test_decode_json_is_one_document_even_when_the_file_breaks_off(tmp_path, capsys):
+    """Frames before a cut-off record and the error are not separate documents: --json prints
+    exactly one document, here {"error": ...}."""
+    good = sample_packet(C.Opcode.RC_RDMA_WRITE_ONLY, 4).to_bytes()
+    path = tmp_path / "cut.pcap"
+    write_pcap(path, [good, good])
+    path.write_bytes(path.read_bytes()[:-10])
+    rc, out, _ = run(capsys, "pcap", "decode", "--json", str(path))
+    docs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert rc == 2 and len(docs) == 1 and set(docs[0]) == {"error"}

@@ -1,6 +1,7 @@
 """Provisioning files: TOML positions, validation with the line of each mistake, YAML too."""
 
 import pytest
+from _deps import require
 
 from metaroce.provision import config as C
 from metaroce.provision import daemon_config as D
@@ -133,7 +134,7 @@ def test_locate_follows_strings_arrays_and_tables():
 
 
 def test_yaml(tmp_path):
-    pytest.importorskip("yaml")
+    require("yaml", "PyYAML (the test extra) parses YAML configs")
     text = ("sysctl:\n  rp_filter: loose\ninterfaces:\n  eth1:\n    mtu: 9000\n"
             "    routes:\n      - to: 10.2.0.0/16\n        via: 10.0.0.1\n      - to: 10.3.0.0/16\n"
             "        via: 10.0.0.300\n")

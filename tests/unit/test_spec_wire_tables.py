@@ -5,6 +5,7 @@ import re
 import zlib
 
 import pytest
+from _deps import require
 
 from metaroce import spec
 from metaroce.wire import consts as C
@@ -84,8 +85,8 @@ def _hex_block(label):
 
 @pytest.mark.parametrize("version,stated", [(4, 0x84F8D2EE), (6, 0xF20B1158)])
 def test_icrc_worked_example_is_confirmed_by_scapy(version, stated):
-    scapy_all = pytest.importorskip("scapy.all")
-    roce = pytest.importorskip("scapy.contrib.roce")
+    scapy_all = require("scapy.all", "the independent RoCEv2 decoder (the test extra)")
+    roce = require("scapy.contrib.roce", "the independent RoCEv2 decoder (the test extra)")
     l3 = _hex_block(f"icrc-example-ipv{version}")
     text = _doc("02-headers.md")
     assert f"0x{stated:08X}" in text and stated.to_bytes(4, "little").hex(" ") in text

@@ -1,11 +1,10 @@
 """Golden vectors checked against decoders we did not write: scapy.contrib.roce and tshark."""
 
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
+from _deps import require, require_tool
 
 from metaroce.wire import AETH, RETH, AtomicAckETH, AtomicETH, ImmDt, parse_frame
 from metaroce.wire import consts as C
@@ -13,11 +12,16 @@ from metaroce.wire.layout import LAYOUTS
 from metaroce.wire.pcap import write_pcap
 from metaroce.wire.samples import sample_packets
 
-scapy_all = pytest.importorskip("scapy.all")
-roce = pytest.importorskip("scapy.contrib.roce")
+scapy_all = require("scapy.all", "the independent RoCEv2 decoder (the test extra)")
+roce = require("scapy.contrib.roce", "the independent RoCEv2 decoder (the test extra)")
 
 PACKETS = sample_packets()
-TSHARK = shutil.which("tshark") or ("/usr/bin/tshark" if os.path.exists("/usr/bin/tshark") else None)
+
+
+@pytest.fixture(scope="module")
+def tshark() -> str:
+    return require_tool("tshark", "the independent RoCEv2 decoder (Debian package tshark; "
+                                  "make setup installs it)")
 
 
 def test_samples_cover_every_opcode_in_both_ip_versions():
@@ -54,8 +58,8 @@ def test_scapy_built_packets_parse_with_valid_icrc():
         assert parse_frame(cnp).bth.pack() == bytes.fromhex("8100ffff400000d200000000")
 
 
-def _tshark_fields(path, fields):
-    out = subprocess.run([TSHARK, "-r", str(path), "-T", "fields", "-E", "separator=|",
+def _tshark_fields(tshark, path, fields):
+    out = subprocess.run([tshark, "-r", str(path), "-T", "fields", "-E", "separator=|",
                           "-E", "occurrence=f", *sum((["-e", f] for f in fields), [])],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     return [line.split("|") for line in out.splitlines()]
@@ -65,8 +69,7 @@ def _num(text):
     return None if text == "" else int(text, 0)
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark (Debian package 'tshark') is not installed")
-def test_tshark_agrees_on_every_opcode(tmp_path):
+def test_tshark_agrees_on_every_opcode(tshark, tmp_path):
     path = tmp_path / "all.pcap"
     write_pcap(path, (p.to_bytes() for p in PACKETS))
     fields = ["frame.number", "infiniband.bth.opcode", "infiniband.bth.destqp",
@@ -75,7 +78,7 @@ def test_tshark_agrees_on_every_opcode(tmp_path):
               "infiniband.aeth.syndrome", "infiniband.aeth.msn", "udp.dstport", "_ws.malformed",
               "infiniband.atomiceth.swapdt", "infiniband.atomiceth.cmpdt",
               "infiniband.atomicacketh.origremdt", "infiniband.immdt"]
-    rows = _tshark_fields(path, fields)
+    rows = _tshark_fields(tshark, path, fields)
     assert len(rows) == len(PACKETS)
     for row, pkt in zip(rows, PACKETS):
         got = dict(zip(fields, row))
@@ -110,11 +113,10 @@ def test_tshark_agrees_on_every_opcode(tmp_path):
         assert got["infiniband.immdt"].replace(":", "") == (f"{imm.value:08x}" if imm else "")
 
 
-@pytest.mark.skipif(TSHARK is None, reason="tshark (Debian package 'tshark') is not installed")
-def test_tshark_sees_no_malformed_or_expert_warnings(tmp_path):
+def test_tshark_sees_no_malformed_or_expert_warnings(tshark, tmp_path):
     path = tmp_path / "all.pcap"
     write_pcap(path, (p.to_bytes() for p in PACKETS))
-    out = subprocess.run([TSHARK, "-r", str(path), "-T", "json", "-Y",
+    out = subprocess.run([tshark, "-r", str(path), "-T", "json", "-Y",
                           "_ws.malformed || _ws.expert.severity >= warning"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert json.loads(out or "[]") == []
