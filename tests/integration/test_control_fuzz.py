@@ -308,8 +308,8 @@ def rig(dev, module_lab_name):
 def _wr(wr, recv: bool):
     """A generated work request as the library's object (anything else as it is: the
     library must refuse it)."""
-    if not isinstance(wr, dict):
-        return wr
+    if not isinstance(wr, dict) or set(wr) - set(WR_KEYS):
+        return wr                      # not a work request at all
     if recv:
         return RecvWR(**{k: v for k, v in wr.items() if k in ("wr_id", "sg_list")})
     fields = {k: v for k, v in wr.items() if k != "inline"}
