@@ -615,10 +615,10 @@ static __always_inline u32 on_ack(struct xdp_md *ctx, const struct roce_pkt *rp,
         return RX_MALFORMED;
     u32 w = bpf_ntohl(ae.w), syn = w >> 24, msn = w & 0xFFFFFF;
     u32 slot = qp->sq_slot;
-    u32 *nxt = sq_psns.lookup(&slot);
+    u64 *nxt = sq_psns.lookup(&slot);
     if (!nxt || !qp->sq_open)
         return RX_UNEXPECTED_RESPONSE;
-    u32 outstanding = (*(volatile u32 *)nxt - qp->una) & PSN_MASK;
+    u32 outstanding = ((u32)*(volatile u64 *)nxt - qp->una) & PSN_MASK;
     u32 d = (psn - qp->una) & PSN_MASK;
     u32 type = syn >> 5;
     if (type == 0) {                            /* ACK: everything up to psn */
@@ -1078,10 +1078,10 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         return RX_MALFORMED;
     u32 w = bpf_ntohl(sk.aeth), syn = w >> 24, msn = w & 0xFFFFFF, type = syn >> 5;
     u32 slot = qp->sq_slot;
-    u32 *nxt = sq_psns.lookup(&slot);
+    u64 *nxt = sq_psns.lookup(&slot);
     if (!nxt || !qp->sq_open)
         return RX_UNEXPECTED_RESPONSE;
-    u32 outstanding = (*(volatile u32 *)nxt - qp->una) & PSN_MASK;
+    u32 outstanding = ((u32)*(volatile u64 *)nxt - qp->una) & PSN_MASK;
     qp->sacks_received++;
     if (sk.flags & SACK_F_ECE) {              /* congestion echoed: tell the rate controller */
         qp->rp_cnp_handled++;

@@ -139,7 +139,7 @@ class RxPath:
         self._qps = self.bpf[b"qps"]
         self._qps_fd = self._qps.map_fd
         sq = self.bpf[b"sq_psns"]
-        self._sq_mm = mmap.mmap(sq.map_fd, -(-4 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._sq_mm = mmap.mmap(sq.map_fd, -(-8 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._sq_slots: dict[int, int] = {}          # QPN -> its entry in sq_psns
         self._sq_free = list(range(max_qps - 1, -1, -1))
         self._rqs_fd = self.bpf[b"rqs"].map_fd
@@ -229,7 +229,7 @@ class RxPath:
         """The next PSN the requester will send: ACKs beyond it are forged (RESP-12). On every
         post's path, so a store into the mmap-ed sq_psns array, no system call (the packets
         that use it leave through a system call, which orders the store before them)."""
-        struct.pack_into("=I", self._sq_mm, 4 * self._sq_slots[qpn], psn & 0xFFFFFFFF)
+        struct.pack_into("=Q", self._sq_mm, 8 * self._sq_slots[qpn], psn & 0xFFFFFFFF)
 
     def set_credit(self, qpn: int, share: int) -> None:
         """CC-8: the XDP responder grants this QP's sender `share` packets past its cumulative

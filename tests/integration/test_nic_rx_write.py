@@ -276,3 +276,25 @@ def test_other_traffic_passes_untouched(rx):
     rc, _, _ = rx.run(pkt(0x17, 0, b"send with invalidate" + bytes(4)))
     assert rc == XDP_DROP and delta(rx, before) == {"unsupported_opcode": 1}
 
+
+
+def test_an_ack_beyond_what_each_qp_sent_completes_nothing(rx):
+    """RESP-12 per QP: each requester's next PSN lives in its own slot of an mmap-able array the
+    daemon stores into (no system call per post); an ACK beyond it is forged, whatever the
+    other QPs sent. (A slot addressed with the wrong stride once let every QP but the first
+    accept any ACK.)"""
+    qps = [(0x000311 + i, 1000 * (i + 1)) for i in range(4)]
+    for qpn, psn in qps:
+        rx.del_qp(qpn)
+        rx.set_qp(qpn, epsn=0, pd=PD, dqpn=PEER_QPN, sq_psn=psn)
+        rx.set_sq_psn(qpn, psn + 4)                     # PSNs psn .. psn + 3 sent
+    for qpn, psn in reversed(qps):
+        before = rx.counters()
+        rx.run(pkt(0x11, psn + 40, struct.pack("!I", 1), qpn=qpn))          # forged ACK
+        assert delta(rx, before) == {"unexpected_response": 1}
+        assert rx.qp_state(qpn)["una"] == psn
+        before = rx.counters()
+        rx.run(pkt(0x11, psn + 3, struct.pack("!I", 1), qpn=qpn))           # the real one
+        assert delta(rx, before) == {"ack": 1} and rx.qp_state(qpn)["una"] == psn + 4
+    for qpn, _ in qps:
+        rx.del_qp(qpn)
