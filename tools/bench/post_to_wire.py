@@ -154,22 +154,30 @@ def one_run(lab, dev1, st: Stamper, n: int, gap_ms: float) -> dict:
     pd = PD(ctx)
     mr = MR(pd, 4096, IBV_ACCESS_LOCAL_WRITE)
     cq = CQ(ctx, 64)
-    qp = QP(pd, QPInitAttr(cq, cq, QPCap(max_send_wr=4096)))
-    path = qp.connect({"qpn": 0x5A5A5A, "psn": 0, "ip": lab["ip2"]}, timeout=0)
     wr = SendWR(IBV_WR_RDMA_WRITE, wr_id=0, send_flags=0, sg_list=[mr.sge(0, 64)],
                 remote_addr=0x10000, rkey=0x1234)
+
+    def qp():
+        """A QP of its own per series: nothing acknowledges, so a QP sends at most its
+        window (1024 packets) and the series stay below it."""
+        q = QP(pd, QPInitAttr(cq, cq, QPCap(max_send_wr=4096)))
+        return q, q.connect({"qpn": 0x5A5A5A, "psn": 0, "ip": lab["ip2"]}, timeout=0)
+
     try:
-        series(lambda: qp.post_send(wr), st, 20, 0, c.mr_now_ns)       # warm up
-        hot, hot_call = series(lambda: qp.post_send(wr), st, n, 50e-6, c.mr_now_ns)
+        q1, path = qp()
+        series(lambda: q1.post_send(wr), st, 20, 0, c.mr_now_ns)       # warm up
+        hot, hot_call = series(lambda: q1.post_send(wr), st, n, 50e-6, c.mr_now_ns)
+        q2, _ = qp()
         loop0 = d.request(dev1, {"op": "status"})[0]["loop"]
-        asleep, asleep_call = series(lambda: qp.post_send(wr), st, min(n, 300), gap_ms / 1000,
+        asleep, asleep_call = series(lambda: q2.post_send(wr), st, min(n, 300), gap_ms / 1000,
                                      c.mr_now_ns)
         loop1 = d.request(dev1, {"op": "status"})[0]["loop"]
         s, frame = raw_frame(lab["ns1"], lab["ip1"], lab["ip2"], path["path"]["dmac"])
         hop, _ = series(lambda: s.send(frame), st, n, 50e-6, c.mr_now_ns)
         s.close()
+        for q in (q1, q2):
+            q.close()
     finally:
-        qp.close()
         mr.close()
         ctx.close()
     out = {}
@@ -184,7 +192,8 @@ def one_run(lab, dev1, st: Stamper, n: int, gap_ms: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--n", type=int, default=1000, choices=range(10, 1001), metavar="10..1000",
+                    help="samples per series (a QP sends at most 1000 unacknowledged here)")
     ap.add_argument("--gap-ms", type=float, default=5.0,
                     help="between posts of the 'asleep' series (default 5 ms)")
     ap.add_argument("--json", action="store_true")
