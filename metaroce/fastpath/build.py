@@ -9,7 +9,9 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-NIC = HERE.parent.parent / "bpf" / "nic"       # the verbs queues' layout, shared with the NIC
+# the verbs queues' layout is shared with the NIC: bpf/nic in a checkout, or the wheel's copy
+NIC = next((p for p in (HERE.parent.parent / "bpf" / "nic", HERE.parent / "_bpf" / "nic")
+            if p.is_dir()), HERE.parent.parent / "bpf" / "nic")
 HEADERS = ("xsk.h", "roce_tx.h", "events.h", "poll.h", "vq.h")
 CDEF_ONLY = (NIC / "nic_vq.h",)
 SOURCES = ("xsk.c", "roce_tx.c", "events.c", "poll.c", "vq.c")
