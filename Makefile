@@ -35,7 +35,11 @@ bench: setup
 	$(VENV)/bin/pip install -q -e '.[bench,torch]'
 	$(PY) tools/bench/vs_tcp.py --quick
 	$(PY) tools/bench/loss_sweep.py --quick
-	$(PY) tools/bench/qp_scale.py --quick
+	$(PY) tools/bench/qp_scale.py --quick --sizes 1,16,128,1024
+	$(PY) tools/bench/post_syscalls.py
+	$(PY) tools/bench/post_to_wire.py
+	$(PY) tools/bench/verbs_steps.py
+	$(PY) tools/bench/busy_poll.py
 	$(PY) tools/bench/daemon_rtt.py
 	$(PY) tools/bench/bpf_build.py
 	$(PY) tools/bench/incast.py --quick

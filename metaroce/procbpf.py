@@ -50,10 +50,22 @@ def bpf_objects(pid: int) -> dict:
             "links": sorted(links)}
 
 
-def mr_maps(pid: int) -> list[int]:
-    """Ids of the memory-region maps (mmap-able inner arrays) the process holds."""
+def _inner_arrays(pid: int, value_size: int) -> list[int]:
     want = BPF_F_MMAPABLE | BPF_F_INNER_MAP
-    return [m["id"] for m in bpf_objects(pid)["maps"] if m["flags"] & want == want]
+    return [m["id"] for m in bpf_objects(pid)["maps"]
+            if m["flags"] & want == want and m["value_size"] == value_size]
+
+
+def mr_maps(pid: int) -> list[int]:
+    """Ids of the memory-region maps (mmap-able inner arrays of 64 KiB chunks) it holds."""
+    from .nic.rx import MR_CHUNK  # noqa: PLC0415
+    return _inner_arrays(pid, MR_CHUNK)
+
+
+def rq_maps(pid: int) -> list[int]:
+    """Ids of the receive queue rings (mmap-able inner arrays of 32-byte slots) it holds."""
+    from .fastpath.vqlayout import C  # noqa: PLC0415
+    return _inner_arrays(pid, C["MR_RQ_STRIDE"])
 
 
 def _lib():
@@ -109,9 +121,11 @@ def hash_entries(pid: int) -> dict[str, int]:
     return out
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of the process in KiB: VmRSS (all of it), RssAnon (its private heap:
+    what a leak grows) or RssShmem (shared memory it has touched, e.g. verbs rings)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise OSError(f"no VmRSS for pid {pid}")
+    raise OSError(f"no {field} for pid {pid}")

@@ -199,12 +199,15 @@ class Soak:
             core.down(name)
 
     def _kernel_state(self, pids) -> dict:
-        return {h: {"rss_kib": procbpf.rss_kib(p), "map_entries": procbpf.hash_entries(p)["total"],
-                    "mr_maps": len(procbpf.mr_maps(p))} for h, p in pids.items()}
+        return {h: {"rss_kib": procbpf.rss_kib(p), "rss_anon_kib": procbpf.rss_kib(p, "RssAnon"),
+                    "rss_shmem_kib": procbpf.rss_kib(p, "RssShmem"),
+                    "map_entries": procbpf.hash_entries(p)["total"],
+                    "mr_maps": len(procbpf.mr_maps(p)), "rq_maps": len(procbpf.rq_maps(p))}
+                for h, p in pids.items()}
 
     def _run(self, view, devs, t_setup, Impairment) -> dict:
         from .nic import daemon as d
-        from .verbs import CQ, MR, PD, QP, Context, QPInitAttr
+        from .verbs import CQ, MR, PD, QP, Context, QPInitAttr, wait_for_completions
         from .verbs.api import QPCap
         pids = {h: d.request(dev, {"op": "status"})[0]["pid"] for h, dev in zip(("h1", "h2"), devs)}
         before = self._kernel_state(pids)
@@ -274,7 +277,7 @@ class Soak:
                     self.stats["bytes_lost"] += r["n"] * 2
                     ln.round = None
             if not got:
-                c1._pump(0.002)
+                wait_for_completions([cq1, cq2], 0.002)
         duration = time.monotonic() - t0
         end_state = self._kernel_state(pids)
         lab = view.status(counters=True)
@@ -300,16 +303,18 @@ class Soak:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:      # the daemons reclaim on the connection's close
             after = self._kernel_state(pids)
-            if all(after[h]["map_entries"] == before[h]["map_entries"] and
-                   after[h]["mr_maps"] == before[h]["mr_maps"] for h in pids):
+            if all(after[h][k] == before[h][k] for h in pids
+                   for k in ("map_entries", "mr_maps", "rq_maps")):
                 break
             time.sleep(0.1)
         link = next(l for l in lab["links"] if l["name"] == "h1-sw1")
         imp_stats = {d: link["counters"][d]["impair"] for d in ("a-b", "b-a")}
         mid = mid or end_state
-        rss_growth = {h: end_state[h]["rss_kib"] - mid[h]["rss_kib"] for h in pids}
-        leaks = {h: {"map_entries": after[h]["map_entries"] - before[h]["map_entries"],
-                     "mr_maps": after[h]["mr_maps"] - before[h]["mr_maps"]} for h in pids}
+        # a leak grows the daemon's heap; the shared rings' pages (RssShmem) become resident as
+        # their indices first pass them, bounded by the rings' sizes, and go with their QPs
+        rss_growth = {h: end_state[h]["rss_anon_kib"] - mid[h]["rss_anon_kib"] for h in pids}
+        leaks = {h: {k: after[h][k] - before[h][k] for k in ("map_entries", "mr_maps", "rq_maps")}
+                 for h in pids}
         st = self.stats
         ok = (st["bytes_corrupted"] == 0 and st["bytes_lost"] == 0 and st["wc_errors"] == 0
               and st["bad_atomics"] == 0 and drained and not stalled
@@ -328,7 +333,7 @@ class Soak:
                 "leaks": leaks, "errors": self.errors[:20]}
 
 
-RSS_GROWTH_KIB = 4096       # from the end of the warm-up to the end of the traffic
+RSS_GROWTH_KIB = 4096       # heap (RssAnon), from the end of the warm-up to the end of the traffic
 
 
 def main(argv=None) -> int:

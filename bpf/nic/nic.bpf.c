@@ -18,7 +18,8 @@ struct plan {
     __u32 syndrome;
     __u32 msn;
     __u32 txc;        /* tx counter to bump */
-    __u32 pad;
+    __u32 se;         /* RECV_F_SOLICITED if the request's BTH has SE set (its completion is
+                       * a solicited event) */
     __u64 orig;
     struct reply_ext x;   /* MetaRoCE: SACK / MR atomic ACK fields */
 };
@@ -286,21 +287,78 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
 }
 
 /* The receive WQE at the head of the QP's receive queue, or NULL when none is posted. */
-static __always_inline struct recv_wqe *rq_head(u32 qpn, struct nic_qp *qp, u64 *key)
+/* The word of the QP's receive queue ring header that starts slot `slot` (prod or cons). */
+static __always_inline u32 rq_word(void *ring, u32 slot)
 {
-    *key = (u64)qpn << 32 | (qp->rq_head & (RQ_DEPTH - 1));
-    struct recv_wqe *w = rq.lookup(key);
-    if (!w || w->seq != qp->rq_head)
-        return NULL;
-    return w;
+    u32 *w = bpf_map_lookup_elem(ring, &slot);
+    return w ? *(volatile u32 *)w : 0;
 }
 
-static __always_inline void rq_complete(u32 qpn, struct nic_qp *qp, struct recv_wqe *w, u64 key,
+/* Copy receive WQE number n out of the ring (the owner may rewrite it at any moment) and check
+ * its shape: 0, or -1 for a slot that holds no one-SGE receive. */
+static __always_inline int rq_copy(void *ring, struct nic_qp *qp, u32 n, struct recv_wqe *w)
+{
+    u32 k = MR_VQ_HDR_SLOTS + (n & (qp->rq_entries - 1));
+    struct mr_rq_slot *s = bpf_map_lookup_elem(ring, &k);
+    if (!s)
+        return -1;
+    u32 nsge = *(volatile u32 *)&s->wqe.num_sge;
+    w->wr_id = *(volatile u64 *)&s->wqe.wr_id;
+    w->addr = *(volatile u64 *)&s->sge.addr;
+    w->length = *(volatile u32 *)&s->sge.length;
+    w->lkey = *(volatile u32 *)&s->sge.lkey;
+    w->seq = n;
+    return nsge == 1 ? 0 : -1;
+}
+
+/* The head receive WQE (in order, compat mode) into *w: 1; none posted: 0; a bad WQE or an
+ * impossible producer index in the owner's ring: -1. */
+static __always_inline int rq_head(u32 qpn, struct nic_qp *qp, struct recv_wqe *w)
+{
+    void *ring = rqs.lookup(&qpn);
+    if (!ring || !qp->rq_entries)
+        return 0;
+    u32 head = (u32)qp->rq_head;
+    u32 posted = rq_word(ring, MR_VQ_PROD_SLOT) - head;
+    if (posted == 0)
+        return 0;
+    if (posted > qp->rq_entries)
+        return -1;
+    return rq_copy(ring, qp, head, w) ? -1 : 1;
+}
+
+/* MetaRoCE: receive WQE number rsn (24 bits; PLACE-3) into *w if it is posted and not yet
+ * completed (at or past the ring's consumer index, before its producer index): 1; not posted:
+ * 0; a bad WQE or impossible indices: -1. */
+static __always_inline int rq_rsn(u32 qpn, struct nic_qp *qp, u32 rsn, struct recv_wqe *w)
+{
+    void *ring = rqs.lookup(&qpn);
+    if (!ring || !qp->rq_entries)
+        return 0;
+    u32 cons = rq_word(ring, MR_VQ_CONS_SLOT);
+    u32 posted = rq_word(ring, MR_VQ_PROD_SLOT) - cons;
+    if (posted > qp->rq_entries)
+        return -1;
+    u32 d = (rsn - cons) & 0xFFFFFF;
+    if (d >= posted)
+        return 0;
+    return rq_copy(ring, qp, cons + d, w) ? -1 : 1;
+}
+
+static __always_inline void rq_complete(u32 qpn, struct nic_qp *qp, struct recv_wqe *w,
                                         u32 type, u32 status, u32 byte_len, u32 imm, u32 flags)
 {
     event(type, qpn, 0, status, w->wr_id, byte_len, imm, flags, qp->msn);
-    rq.delete(&key);
     qp->rq_head++;
+}
+
+/* A receive queue the program cannot take a WQE from: the owner wrote something no receive
+ * can be. Fatal for the QP (remote operational error to the requester), and user space gets
+ * the error completion. */
+static __always_inline u32 bad_rq(struct plan *pl, struct nic_qp *qp, u32 qpn, u32 psn)
+{
+    event(EV_RECV_ERR, qpn, psn, RX_BAD_RECV_WQE, 0, 0, 0, 0, qp->msn);
+    return fatal(pl, qp, qpn, psn, AETH_NAK_REM_OP, TX_NAK_REM_OP, RX_BAD_RECV_WQE);
 }
 
 /* The 32-bit big-endian word at off as it was on the wire (immediate data stays big-endian). */
@@ -346,11 +404,13 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
      * and MIDDLE carry exactly the MTU and leave more to come, nothing carries more */
     if (len > left || (ends && len != left) || len > pmtu || (!ends && (len != pmtu || left <= pmtu)))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
-    u64 rkey_slot = 0;
-    struct recv_wqe *w = NULL;
+    struct recv_wqe wqe = {};
+    int have = 0;
     if (has_imm) {                     /* the immediate consumes a receive WQE (RESP-6) */
-        w = rq_head(qpn, qp, &rkey_slot);
-        if (!w) {
+        have = rq_head(qpn, qp, &wqe);
+        if (have < 0)
+            return bad_rq(pl, qp, qpn, psn);
+        if (!have) {
             set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn,
                       TX_NAK_RNR);
             qp->nak_sent = 1;        /* as for SEND (RESP-6) */
@@ -380,10 +440,10 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
     qp->nak_sent = 0;
     if (ends)
         qp->msn = (qp->msn + 1) & 0xFFFFFF;
-    if (w) {
+    if (have) {
         u32 imm = 0;
         load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
-        rq_complete(qpn, qp, w, rkey_slot, EV_RECV, 0, qp->wr_len, imm, 3);
+        rq_complete(qpn, qp, &wqe, EV_RECV, 0, qp->wr_len, imm, 3 | pl->se);
     }
     if (ackreq)
         set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
@@ -404,9 +464,12 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
     u32 len = l4 - hdrs - pad - ICRC_LEN;
     if (qp->state != (first ? QP_RX_IDLE : QP_RX_IN_SEND))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
-    u64 key;
-    struct recv_wqe *w = rq_head(qpn, qp, &key);
-    if (!w) {
+    struct recv_wqe wqe = {};
+    struct recv_wqe *w = &wqe;
+    int have = rq_head(qpn, qp, w);
+    if (have < 0)
+        return bad_rq(pl, qp, qpn, psn);
+    if (!have) {
         if (!first)
             return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_BAD_OPCODE_SEQ);
         set_reply(pl, REPLY_ACK, psn, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), qp->msn, TX_NAK_RNR);
@@ -419,7 +482,7 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
     if (first)
         qp->send_off = 0;
     if (qp->send_off + len > w->length) {        /* longer than the receive buffer */
-        rq_complete(qpn, qp, w, key, EV_RECV_ERR, RX_INVALID_REQUEST, qp->send_off + len, 0, 0);
+        rq_complete(qpn, qp, w, EV_RECV_ERR, RX_INVALID_REQUEST, qp->send_off + len, 0, 0);
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     }
     if (len) {
@@ -428,7 +491,7 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         if (!why && place(ctx, w->lkey, off, rp->bth_off + hdrs, len))
             why = RX_MR_BOUNDS;
         if (why) {                   /* our own receive buffer is bad: a local protection error */
-            rq_complete(qpn, qp, w, key, EV_RECV_ERR, why, 0, 0, 0);
+            rq_complete(qpn, qp, w, EV_RECV_ERR, why, 0, 0, 0);
             return fatal(pl, qp, qpn, psn, AETH_NAK_REM_OP, TX_NAK_REM_OP, why);
         }
     }
@@ -442,7 +505,7 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         u32 imm = 0;
         if (has_imm)
             load32(ctx, rp->bth_off + BTH_LEN, &imm);
-        rq_complete(qpn, qp, w, key, EV_RECV, 0, qp->send_off, imm, has_imm ? 1 : 0);
+        rq_complete(qpn, qp, w, EV_RECV, 0, qp->send_off, imm, (has_imm ? 1 : 0) | pl->se);
     }
     if (ackreq)
         set_reply(pl, REPLY_ACK, psn, AETH_ACK_UNLIMITED, qp->msn, TX_ACK);
@@ -557,10 +620,11 @@ static __always_inline u32 on_ack(struct xdp_md *ctx, const struct roce_pkt *rp,
         bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &ae, sizeof(ae)))
         return RX_MALFORMED;
     u32 w = bpf_ntohl(ae.w), syn = w >> 24, msn = w & 0xFFFFFF;
-    u32 *nxt = sq_psn.lookup(&qpn);
-    if (!nxt)
+    u32 slot = qp->sq_slot;
+    u64 *nxt = sq_psns.lookup(&slot);
+    if (!nxt || !qp->sq_open)
         return RX_UNEXPECTED_RESPONSE;
-    u32 outstanding = (*nxt - qp->una) & PSN_MASK;
+    u32 outstanding = ((u32)*(volatile u64 *)nxt - qp->una) & PSN_MASK;
     u32 d = (psn - qp->una) & PSN_MASK;
     u32 type = syn >> 5;
     if (type == 0) {                            /* ACK: everything up to psn */
@@ -815,13 +879,14 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
     if (offset + len > dmalen || (*ends && offset + len != dmalen) ||
         (!*ends && len != pmtu) || (first && offset))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
-    u64 key = 0;
     u32 rsn = bpf_ntohl(pe->rsn) & 0xFFFFFF;
-    struct recv_wqe *w = NULL;
+    struct recv_wqe wqe = {};
+    int have = 0;
     if (has_imm) {                     /* the immediate consumes receive WQE number RSN */
-        key = (u64)qpn << 32 | (rsn & (RQ_DEPTH - 1));
-        w = rq.lookup(&key);
-        if (!w || (w->seq & 0xFFFFFF) != rsn) {
+        have = rq_rsn(qpn, qp, rsn, &wqe);
+        if (have < 0)
+            return bad_rq(pl, qp, qpn, psn);
+        if (!have) {
             sack(pl, qp, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), 0);
             pl->txc = TX_NAK_RNR;
             return RX_RNR;
@@ -836,11 +901,11 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
             return fatal(pl, qp, qpn, psn, AETH_NAK_REM_ACCESS, TX_NAK_REM_ACCESS, RX_MR_BOUNDS);
     }
     qp->rx_bytes += len;
-    if (w) {                           /* completed by user space once ePSN passes it */
+    if (have) {                        /* completed by user space once ePSN passes it */
         u32 imm = 0;
         load32(ctx, rp->bth_off + hdrs - IMMDT_LEN, &imm);
-        event_va(EV_RECV, qpn, psn, 0, w->wr_id, rsn, dmalen, imm,
-                 3 | (d == 0 ? 4 : 0), 0);     /* 4: in order, so complete now */
+        event_va(EV_RECV, qpn, psn, 0, wqe.wr_id, rsn, dmalen, imm,
+                 3 | (d == 0 ? 4 : 0) | pl->se, 0);     /* 4: in order, so complete now */
     }
     return RX_PLACED;
 }
@@ -862,9 +927,12 @@ static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt 
     if ((!*ends && len != pmtu) || (first && offset) || len > pmtu)
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     u32 rsn = bpf_ntohl(pe->rsn) & 0xFFFFFF;
-    u64 key = (u64)qpn << 32 | (rsn & (RQ_DEPTH - 1));
-    struct recv_wqe *w = rq.lookup(&key);
-    if (!w || (w->seq & 0xFFFFFF) != rsn) {   /* not posted: not recorded, RNR SACK (SACK-6) */
+    struct recv_wqe wqe = {};
+    struct recv_wqe *w = &wqe;
+    int have = rq_rsn(qpn, qp, rsn, w);
+    if (have < 0)
+        return bad_rq(pl, qp, qpn, psn);
+    if (!have) {                              /* not posted: not recorded, RNR SACK (SACK-6) */
         sack(pl, qp, AETH_RNR_NAK | (qp->rnr_timer & 0x1f), 0);
         pl->txc = TX_NAK_RNR;
         return RX_RNR;
@@ -889,7 +957,7 @@ static __always_inline u32 on_mr_send(struct xdp_md *ctx, const struct roce_pkt 
         if (has_imm)
             load32(ctx, rp->bth_off + BTH_LEN + PETH_LEN, &imm);
         event_va(EV_RECV, qpn, psn, 0, w->wr_id, rsn, offset + len, imm,
-                 (has_imm ? 1 : 0) | (d == 0 ? 4 : 0), 0);   /* 4: in order, complete now */
+                 (has_imm ? 1 : 0) | (d == 0 ? 4 : 0) | pl->se, 0);   /* 4: in order */
     }
     return RX_PLACED;
 }
@@ -1018,10 +1086,11 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         bpf_xdp_load_bytes(ctx, rp->bth_off + BTH_LEN, &sk, sizeof(sk)))
         return RX_MALFORMED;
     u32 w = bpf_ntohl(sk.aeth), syn = w >> 24, msn = w & 0xFFFFFF, type = syn >> 5;
-    u32 *nxt = sq_psn.lookup(&qpn);
-    if (!nxt)
+    u32 slot = qp->sq_slot;
+    u64 *nxt = sq_psns.lookup(&slot);
+    if (!nxt || !qp->sq_open)
         return RX_UNEXPECTED_RESPONSE;
-    u32 outstanding = (*nxt - qp->una) & PSN_MASK;
+    u32 outstanding = ((u32)*(volatile u64 *)nxt - qp->una) & PSN_MASK;
     qp->sacks_received++;
     if (sk.flags & SACK_F_ECE) {              /* congestion echoed: tell the rate controller */
         qp->rp_cnp_handled++;
@@ -1141,6 +1210,7 @@ int nic_rx(struct xdp_md *ctx)
 #endif
     qp->rx_packets++;
     struct plan pl = {};
+    pl.se = bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
     u32 reason;
 
     if (op == CNP_OPCODE) {                         /* the peer saw CE on our packets */

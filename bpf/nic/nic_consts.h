@@ -10,7 +10,8 @@
 #define MAX_MRS 4096
 #endif
 #ifndef RQ_DEPTH
-#define RQ_DEPTH 256              /* receive WQEs per QP (a power of two) */
+#define RQ_DEPTH 256              /* receive WQEs per QP at most (a power of two): the largest
+                                   * receive queue ring (bpf/nic/nic_vq.h) */
 #endif
 #ifndef RD_DEPTH
 #define RD_DEPTH 16               /* outstanding READ/ATOMIC requests per QP (a power of two) */
@@ -143,7 +144,9 @@
 #define RX_BEYOND_WINDOW 22       /* MetaRoCE: PSN past the receive window, or a READ/ATOMIC
                                    * ahead of the cumulative PSN (PLACE-5): not recorded */
 #define RX_BAD_PKEY 23             /* P_Key does not match the QP's (HDR-2) */
-#define RX_NREASONS 24
+#define RX_BAD_RECV_WQE 24        /* the owner's receive queue holds a WQE (or an index) no
+                                   * receive can be: the QP goes to ERR */
+#define RX_NREASONS 25
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0
@@ -179,5 +182,7 @@
 #define EV_QP_ERROR 9             /* the responder sent a fatal NAK and moved the QP to ERR */
 #define EV_SACK 10                /* MetaRoCE requester: a SACK with holes (bitmap in wr_id, va) */
 #define EV_EPSN 11                /* MetaRoCE responder: a filled hole moved ePSN past several */
+/* EV_RECV flags: 1 immediate, 2 WRITE with immediate, 4 arrived in order (MetaRoCE), and */
+#define RECV_F_SOLICITED 8        /* the message had SE set: its completion is a solicited event */
 
 #endif

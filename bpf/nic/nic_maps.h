@@ -20,8 +20,15 @@ BPF_HASH_OF_MAPS(mrs, u32, "mr_tmpl", MAX_MRS);     /* key -> the MR's memory */
 BPF_F_TABLE("hash", u32, struct mr_info, mr_infos, MAX_MRS, BPF_F_NO_PREALLOC_);  /* key -> bounds, access, PD */
 BPF_F_TABLE("hash", u32, struct nic_qp, qps, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> QP state */
 BPF_F_TABLE("hash", u32, u32, credit, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> credit share in packets (CC-8) */
-BPF_F_TABLE("hash", u32, u32, sq_psn, MAX_QPS, BPF_F_NO_PREALLOC_);  /* local QPN -> next PSN the requester sends */
-BPF_F_TABLE("hash", u64, struct recv_wqe, rq, MAX_QPS * 64, BPF_F_NO_PREALLOC_);  /* (QPN, slot) -> posted receive */
+/* A QP's next PSN to send, at its sq_slot: written by the daemon with a plain store (mmap-able;
+ * an array's elements are 8-byte aligned, so each is a u64) on every post's path, read by
+ * ACK/SACK handling (RESP-12: no ACK beyond it) */
+BPF_F_TABLE("array", u32, u64, sq_psns, MAX_QPS, BPF_F_MMAPABLE_);
+/* Each QP's receive queue is a ring its owner writes (bpf/nic/nic_vq.h): an mmap-able array
+ * of MR_VQ_HDR_SLOTS + entries slots, found by QPN; the program reads WQEs from it in place. */
+BPF_F_TABLE("array", u32, struct mr_rq_slot, rq_tmpl, MR_VQ_HDR_SLOTS + RQ_DEPTH,
+            BPF_F_MMAPABLE_ | BPF_F_INNER_MAP_);
+BPF_HASH_OF_MAPS(rqs, u32, "rq_tmpl", MAX_QPS);     /* local QPN -> its receive queue ring */
 BPF_F_TABLE("hash", u64, struct rd_slot, rd_slots, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, slot) -> outstanding READ/ATOMIC */
 BPF_F_TABLE("hash", u64, struct atomic_saved, atomic_results, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, PSN slot) -> result */
 BPF_RINGBUF_OUTPUT(events, 256);                    /* completions and requests for user space */

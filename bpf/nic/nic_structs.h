@@ -3,6 +3,7 @@
 #define __NIC_STRUCTS_H
 
 #include "nic_consts.h"
+#include "nic_vq.h"
 
 struct mr_chunk {
     __u8 b[MR_CHUNK];
@@ -72,12 +73,17 @@ struct nic_qp {
     __u32 credit;     /* requester: the last SACK's credit, CREDIT_VALID | Limit PSN, 0: none */
     __u64 sacks_sent;
     __u64 sacks_received;
+    __u32 rq_entries; /* slots of its receive queue ring (a power of two; 0: none) */
+    __u32 sq_slot;    /* its entry in sq_psns: the next PSN its requester sends */
+    __u32 sq_open;    /* 1: its requester side is open (sq_psns[sq_slot] is valid) */
+    __u32 pad2;
 };
 
-/* A posted receive WQE (one SGE), keyed by (qpn << 32 | seq % RQ_DEPTH). */
+/* A receive WQE as the program uses it: copied out of the owner's ring (rqs) first, because the
+ * owner may rewrite the slot at any moment. */
 struct recv_wqe {
     __u64 wr_id;
-    __u64 seq;        /* its position in the QP's receive queue (stale slots are ignored) */
+    __u64 seq;        /* its index in the QP's receive queue */
     __u64 addr;
     __u32 lkey;
     __u32 length;

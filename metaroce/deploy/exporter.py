@@ -91,6 +91,7 @@ XSK_HELP = {
     "tx_completed": "frames the kernel completed sending",
     "kicks": "sendto() wakeups of the AF_XDP socket",
     "kick_busy": "wakeups that found the driver busy",
+    "kick_deferred": "wakeups held back while a busy driver's back-off ran",
     "tx_ring_full": "times the transmit ring was full",
 }
 

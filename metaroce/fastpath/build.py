@@ -9,17 +9,21 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-HEADERS = ("xsk.h", "roce_tx.h", "events.h", "poll.h")
-SOURCES = ("xsk.c", "roce_tx.c", "events.c", "poll.c")
+# the verbs queues' layout is shared with the NIC: bpf/nic in a checkout, or the wheel's copy
+NIC = next((p for p in (HERE.parent.parent / "bpf" / "nic", HERE.parent / "_bpf" / "nic")
+            if p.is_dir()), HERE.parent.parent / "bpf" / "nic")
+HEADERS = ("xsk.h", "roce_tx.h", "events.h", "poll.h", "vq.h")
+CDEF_ONLY = (NIC / "nic_vq.h",)
+SOURCES = ("xsk.c", "roce_tx.c", "events.c", "poll.c", "vq.c")
 
 
 def ffibuilder() -> FFI:
     ffi = FFI()
-    for name in HEADERS:
-        text = (HERE / name).read_text()
+    for path in (*CDEF_ONLY, *(HERE / name for name in HEADERS)):
+        text = path.read_text()
         ffi.cdef("\n".join(l for l in text.splitlines() if not l.startswith("#")))
     ffi.set_source("metaroce.fastpath._xsk", "".join(f'#include "{h}"\n' for h in HEADERS),
-                   sources=[str(HERE / s) for s in SOURCES], include_dirs=[str(HERE)],
+                   sources=[str(HERE / s) for s in SOURCES], include_dirs=[str(HERE), str(NIC)],
                    libraries=["isal", "bpf"],
                    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"])
     return ffi

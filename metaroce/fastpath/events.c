@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "events.h"
 
@@ -10,6 +12,9 @@ struct mr_evring {
     struct ring_buffer *rb;
     struct mr_nic_event *ev;
     size_t n, cap;
+    /* our own read-only views of the ring's positions (libbpf keeps its own private) */
+    const unsigned long *cons_pos, *prod_pos;
+    size_t page;
 };
 
 static int on_event(void *ctx, void *data, size_t size)
@@ -42,6 +47,11 @@ struct mr_evring *mr_evring_open(int map_fd, int *err)
         free(r);
         return NULL;
     }
+    r->page = (size_t)sysconf(_SC_PAGESIZE);
+    void *c = mmap(NULL, r->page, PROT_READ, MAP_SHARED, map_fd, 0);
+    void *p = mmap(NULL, r->page, PROT_READ, MAP_SHARED, map_fd, (off_t)r->page);
+    r->cons_pos = c == MAP_FAILED ? NULL : c;
+    r->prod_pos = p == MAP_FAILED ? NULL : p;
     return r;
 }
 
@@ -50,6 +60,10 @@ void mr_evring_close(struct mr_evring *r)
     if (!r)
         return;
     ring_buffer__free(r->rb);
+    if (r->cons_pos)
+        munmap((void *)r->cons_pos, r->page);
+    if (r->prod_pos)
+        munmap((void *)r->prod_pos, r->page);
     free(r->ev);
     free(r);
 }
@@ -67,4 +81,12 @@ int mr_evring_poll(struct mr_evring *r, int timeout_ms, struct mr_nic_event **ou
     if (rc < 0 && rc != -EINTR)
         return rc;
     return (int)r->n;
+}
+
+int mr_evring_pending(struct mr_evring *r)
+{
+    if (!r->cons_pos || !r->prod_pos)
+        return 1;                      /* cannot tell: let the caller look */
+    return __atomic_load_n(r->prod_pos, __ATOMIC_ACQUIRE) !=
+           __atomic_load_n(r->cons_pos, __ATOMIC_ACQUIRE);
 }

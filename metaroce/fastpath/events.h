@@ -31,5 +31,7 @@ int mr_evring_fd(struct mr_evring *r);
 /* Wait up to timeout_ms (0: do not wait) and take every waiting event; returns how many, and
  * *out points at them until the next call. */
 int mr_evring_poll(struct mr_evring *r, int timeout_ms, struct mr_nic_event **out);
+/* 1 if events wait, without a system call (the ring's producer and consumer positions). */
+int mr_evring_pending(struct mr_evring *r);
 
 #endif

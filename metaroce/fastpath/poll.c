@@ -25,12 +25,14 @@ int64_t mr_poll_byte(const volatile uint8_t *p, uint8_t want, uint64_t timeout_n
     unsigned spins = 0;
     while (*p != want) {
         cpu_relax();
-        if (++spins % 256 == 0) {
+        if (++spins % 32 == 0) {
             now = mr_now_ns();
             if (now - t0 > timeout_ns)
                 return -1;
             /* the daemon that moves our packets may need this CPU: let it run (a pure spin
-             * starves it until the scheduler's tick, milliseconds on a 2-vCPU machine) */
+             * starves it until the scheduler's tick, milliseconds on a 2-vCPU machine; the
+             * scheduler gives a yielding spinner's CPU to the other runnable one, so the
+             * interval is how long the daemon may wait for it) */
             sched_yield();
         }
     }

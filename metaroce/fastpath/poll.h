@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-/* Spin until p[0] == want or timeout_ns passes, yielding the CPU every 256 spins so that the
+/* Spin until p[0] == want or timeout_ns passes, yielding the CPU every 32 spins so that the
  * daemon moving our packets can run; returns the ns waited, or -1 on timeout. */
 int64_t mr_poll_byte(const volatile uint8_t *p, uint8_t want, uint64_t timeout_ns);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "xsk.h"
@@ -37,8 +38,24 @@ struct mr_xsk {
     uint64_t *free_frames;     /* UMEM offsets ready for new frames */
     uint32_t *frame_len;       /* length queued in each UMEM frame (by offset / frame_size) */
     uint32_t nfree;
+    /* A wakeup the driver answered busy without taking a descriptor (its queue is stopped:
+     * veth's peer ring is full until the peer's NAPI runs) is not repeated at once: the next
+     * one waits backoff_ns (doubling from MR_KICK_BACKOFF_MIN_NS to _MAX_NS), and any wakeup
+     * that moves the TX ring ends the back-off. Spinning sendto() on a stopped queue takes the
+     * CPU the peer needs to drain it. */
+    uint64_t backoff_ns, retry_at_ns;
     struct mr_xsk_stats st;
 };
+
+#define MR_KICK_BACKOFF_MIN_NS 2000ull
+#define MR_KICK_BACKOFF_MAX_NS 128000ull
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static int map_ring(int fd, struct ring *r, const struct xdp_ring_offset *off, uint32_t size,
                     size_t desc_size, off_t pgoff)
@@ -152,14 +169,8 @@ int mr_xsk_fd(struct mr_xsk *x)
     return x->fd;
 }
 
-void mr_xsk_kick(struct mr_xsk *x);
-
 uint32_t mr_xsk_poll_tx(struct mr_xsk *x)
 {
-    /* in copy mode one wakeup sends at most the TX budget: wake the kernel while the TX ring
-     * still holds descriptors it has not taken */
-    if (*x->tx.producer != __atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE))
-        mr_xsk_kick(x);
     uint32_t cons = *x->comp.consumer;
     uint32_t prod = __atomic_load_n(x->comp.producer, __ATOMIC_ACQUIRE);
     const uint64_t *addrs = x->comp.ring;
@@ -171,15 +182,36 @@ uint32_t mr_xsk_poll_tx(struct mr_xsk *x)
         x->st.tx_completed++;
     }
     __atomic_store_n(x->comp.consumer, cons, __ATOMIC_RELEASE);
+    /* in copy mode one wakeup sends at most the TX budget: wake the kernel while the TX ring
+     * still holds descriptors it has not taken (completions first: the kernel reserves a
+     * completion slot for each descriptor it takes) */
+    if (*x->tx.producer != __atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE))
+        mr_xsk_kick(x);
     return (uint32_t)(x->st.tx_queued - x->st.tx_completed);
 }
 
 void mr_xsk_kick(struct mr_xsk *x)
 {
+    if (x->backoff_ns) {
+        if (now_ns() < x->retry_at_ns) {
+            x->st.kick_deferred++;
+            return;
+        }
+    }
+    uint32_t before = __atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE);
     x->st.kicks++;
     if (sendto(x->fd, NULL, 0, MSG_DONTWAIT, NULL, 0) < 0 &&
-        (errno == EAGAIN || errno == EBUSY || errno == ENOBUFS))
+        (errno == EAGAIN || errno == EBUSY || errno == ENOBUFS)) {
         x->st.kick_busy++;
+        if (__atomic_load_n(x->tx.consumer, __ATOMIC_ACQUIRE) == before) {
+            x->backoff_ns = x->backoff_ns ? x->backoff_ns * 2 : MR_KICK_BACKOFF_MIN_NS;
+            if (x->backoff_ns > MR_KICK_BACKOFF_MAX_NS)
+                x->backoff_ns = MR_KICK_BACKOFF_MAX_NS;
+            x->retry_at_ns = now_ns() + x->backoff_ns;
+            return;
+        }
+    }
+    x->backoff_ns = 0;
 }
 
 uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens, uint32_t n)

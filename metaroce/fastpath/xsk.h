@@ -10,6 +10,8 @@ struct mr_xsk_stats {
     uint64_t tx_completed;     /* descriptors the kernel gave back */
     uint64_t kicks;            /* sendto() wakeups */
     uint64_t kick_busy;        /* sendto() answered EAGAIN/EBUSY/ENOBUFS: retried later */
+    uint64_t kick_deferred;    /* wakeups not made: the driver said busy and took nothing, and
+                                * its back-off (2 us doubling to 128 us) had not run out */
     uint64_t tx_ring_full;     /* frames not queued for want of a ring slot or UMEM frame */
     uint64_t tx_bytes;         /* bytes of the frames the kernel gave back (tx_completed's) */
     /* the kernel's own view (getsockopt XDP_STATISTICS), read by mr_xsk_get_stats */
@@ -41,6 +43,8 @@ void mr_xsk_get_stats(struct mr_xsk *x, struct mr_xsk_stats *out);
 uint32_t mr_xsk_tx_room(struct mr_xsk *x);
 uint8_t *mr_xsk_tx_frame(struct mr_xsk *x, uint32_t *cap);
 void mr_xsk_tx_commit(struct mr_xsk *x, uint32_t len);
+/* Wake the kernel (sendto), unless the driver's last answer was busy without progress and its
+ * back-off has not run out (then mr_xsk_poll_tx wakes it later). */
 void mr_xsk_kick(struct mr_xsk *x);
 
 #endif

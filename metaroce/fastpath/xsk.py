@@ -96,5 +96,6 @@ class XskSocket:
         st = self._ffi.new("struct mr_xsk_stats *")
         self._c.mr_xsk_get_stats(self._x, st)
         return {k: getattr(st, k) for k in ("tx_queued", "tx_completed", "kicks", "kick_busy",
+                                            "kick_deferred",
                                             "tx_ring_full", "tx_bytes", "kern_tx_invalid_descs",
                                             "kern_tx_ring_empty_descs")}

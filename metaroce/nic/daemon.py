@@ -1,9 +1,12 @@
 """The software RNIC daemon (`metaroce up`): owns the XDP NIC of one device in one network
 namespace. The program is attached through a BPF link held by this process, so if the daemon
-dies for any reason the kernel stops placing and acknowledging at once. Applications talk to it
-over a local control socket (JSON lines: requests with an "id" get a reply with that id;
-completions arrive as {"event": "wc"} lines); memory regions travel to their owner as map fds
-(SCM_RIGHTS), so an application can map only the MRs it registered, and everything a
+dies for any reason the kernel stops placing and acknowledging at once. Applications use it
+through a local control socket for control verbs (JSON lines: requests with an "id" get a reply
+with that id, carrying "fds": n when n descriptors travel with it by SCM_RIGHTS; async events
+arrive as {"event": "async"} lines) and through shared memory for the data path: each QP's
+send and receive rings and each CQ's completion ring are memfds handed to their owner, posted
+to and polled without a system call (metaroce/nic/vrings.py). Memory regions travel to their
+owner as map fds, so an application can map only the MRs it registered, and everything a
 connection created is reclaimed when it closes."""
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
+from .looptime import LoopTimer
+from .pollbound import PollBound
 from .rx import RxPath
+from .vrings import drain_eventfd
 
 
 
@@ -92,6 +98,14 @@ def _in_netns_of(dev: DeviceId, fn, *args):
     return out[0] if out else None
 
 
+# While the daemon busy-polls (metaroce/nic/pollbound.py says how long after its last work), a
+# C spin checks the rings and the NIC's event ring for at most SPIN_SLICE_S, then the control
+# sockets and doorbells are looked at; while it has work, they are looked at every
+# SELECT_EVERY_S
+SPIN_SLICE_S = 50e-6
+SELECT_EVERY_S = 200e-6
+
+
 def parse_request(line: bytes) -> tuple[dict, str | None]:
     """A request line: the object, and the first NaN or ±Infinity in it (Python's json reads
     them, JSON has none; a NaN passes every range check and fails long after it was accepted,
@@ -103,18 +117,6 @@ def parse_request(line: bytes) -> tuple[dict, str | None]:
     return req, (constants[0] if constants else None)
 
 
-def _checked_wrs(wrs) -> list:
-    """Work requests are objects whose wr_id fits 64 bits: it is stored in BPF maps when the
-    request is sent (a READ's slot), long after the request was accepted."""
-    wrs = list(wrs)
-    for wr in wrs:
-        if not isinstance(wr, dict):
-            raise MetaroceError("a work request is a JSON object")
-        if not 0 <= int(wr.get("wr_id", 0)) < 1 << 64:
-            raise MetaroceError("wr_id must fit 64 bits (0 .. 2^64-1)")
-    return wrs
-
-
 class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
@@ -123,6 +125,7 @@ class Daemon:
             raise MetaroceError("--mode must be roce or metaroce")
         if credits is not None:
             credits.validate()          # before anything is attached
+        self.poll_bound = PollBound()            # busy-poll after work, then sleep
         self.dev, self.mode = dev, mode
         self.rx = self.link_fd = self.device = self.sock = None
         self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
@@ -170,6 +173,9 @@ class Daemon:
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
         self.conns: set[Connection] = set()
         self.cut_off = 0                         # connections cut off for not reading
+        self._bells: set[int] = set()            # doorbell eventfds in the selector
+        self.loop_stats = {"sleeps": 0, "wakeups_by_doorbell": 0, "spins": 0}
+        self.timer = LoopTimer(("wait", "rings", "events", "transmit", "deliver"))
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
@@ -184,6 +190,8 @@ class Daemon:
                             if self.device.credits else {"enabled": False}),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
+                "loop": {**self.loop_stats, **self.poll_bound.describe(),
+                         "timing": self.timer.describe()},
                 "cqs": [c.describe() for c in self.device.cqs.values()
                         if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
@@ -217,13 +225,34 @@ class Daemon:
         if op == "dereg_mr":
             d.dereg_mr(conn, int(req["key"]))
             return {"ok": True}, []
+        if op == "create_comp_channel":
+            h, fd = d.create_comp_channel(conn)
+            return {"channel": h}, [fd]
+        if op == "destroy_comp_channel":
+            d.destroy_comp_channel(conn, int(req["channel"]))
+            return {"ok": True}, []
         if op == "create_cq":
-            cq = d.create_cq(conn, int(req.get("cqe", 1024)))
-            return {"cq": cq.handle, "cqe": cq.cqe, "ci_every": cq.report_every}, []
+            ch = req.get("channel")
+            cq = d.create_cq(conn, int(req.get("cqe", 1024)), None if ch is None else int(ch),
+                             shared=conn is not self.persistent)
+            if cq.ring is None:
+                return {"cq": cq.handle, "cqe": cq.cqe}, []
+            return ({"cq": cq.handle, "cqe": cq.cqe, "ring": cq.ring.describe()},
+                    [cq.ring.fd, d.channels[cq.channel][1]])
+        if op == "destroy_cq":
+            d.destroy_cq(conn, int(req["cq"]))
+            return {"ok": True}, []
         if op == "create_qp":
+            shared = conn is not self.persistent
             qp = d.create_qp(conn, int(req["pd"]), int(req["send_cq"]), int(req["recv_cq"]),
-                             dict(req.get("cap", {})))
-            return d.qp_attrs(qp), []
+                             dict(req.get("cap", {})), shared=shared)
+            if not shared:
+                return d.qp_attrs(qp), []
+            bell = d.doorbell(conn)
+            if bell not in self._bells:
+                self._bells.add(bell)
+                self._sel.register(bell, selectors.EVENT_READ, "doorbell")
+            return {**d.qp_attrs(qp), "rings": qp.rings.describe()}, [*qp.rings.fds, bell]
         if op == "connect_qp":
             qp = d.own_qp(conn, int(req["qpn"]))
             return d.connect_qp(qp, dict(req["remote"]), dict(req.get("attr", {}))), []
@@ -231,12 +260,6 @@ class Daemon:
             return d.qp_stats(d.own_qp(conn, int(req["qpn"]))), []
         if op == "destroy_qp":
             d.destroy_qp(conn, int(req["qpn"]))
-            return {"ok": True}, []
-        if op == "post_send":
-            d.post_send(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
-            return {"ok": True}, []
-        if op == "post_recv":
-            d.post_recv(conn, int(req["qpn"]), _checked_wrs(req["wrs"]))
             return {"ok": True}, []
         if op == "set_qp":           # raw receive state, for tools driving the wire directly
             qpn, pd = int(req["qpn"]), int(req["pd"])
@@ -268,11 +291,9 @@ class Daemon:
             rid = req.get("id")
             if constant:
                 raise MetaroceError(f"{constant} is not a number a request may carry")
-            if req.get("cq_ci"):        # the consumer indexes it piggybacks, before the op
-                self.device.set_cq_ci(conn, req["cq_ci"])
-            if req.get("op") == "cq_ci":
-                return                  # a doorbell: no reply
             rep, fds = self._op(conn, req)
+            if fds:
+                rep = {**rep, "fds": len(fds)}
         except (ValueError, KeyError, TypeError, OverflowError, MetaroceError, OSError) as exc:
             rep = {"error": str(exc) or type(exc).__name__}
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the device)
@@ -340,6 +361,10 @@ class Daemon:
                   f"reclaimed", file=sys.stderr, flush=True)
         self._sel.unregister(conn)
         self.conns.discard(conn)
+        bell = self.device.doorbells.get(conn)
+        if bell is not None:
+            self._sel.unregister(bell)
+            self._bells.discard(bell)
         self.device.release(conn)
         for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
             self.rx.del_qp(qpn)       # raw QPs go with their connection
@@ -351,11 +376,9 @@ class Daemon:
         theirs)."""
         dev = self.device
         events = dev.take_async_events()
-        for cq, wcs in dev.take_wcs():
-            if cq.owner is self.persistent:
-                self.persistent.completed(cq, wcs)
-            else:
-                self._send(cq.owner, {"event": "wc", "cq": cq.handle, "wcs": wcs})
+        dev.settle_rings()
+        for cq, wcs in dev.take_wcs():          # only the daemon's own CQs are ring-less
+            self.persistent.completed(cq, wcs)
         for owner, ev in events:
             if owner is self.persistent:
                 continue                # its CQs are consumed at once: they never overrun
@@ -378,31 +401,89 @@ class Daemon:
         sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
         dev = self.device
         busy = 0
+        last_work = last_select = time.monotonic()
+        timer = self.timer
+        bound = self.poll_bound
         try:
             while not self._stop:
+                timer.start()
+                slept = False
+                now = time.monotonic()
+                look = True                     # at the sockets and doorbells this round
                 if busy:
                     timeout = 0
-                else:
+                    look = now - last_select >= SELECT_EVERY_S
+                elif now - last_work < bound.s:
+                    # busy-poll the rings and the NIC's event ring, without a system call; the
+                    # sockets are looked at between slices
                     dl = dev.next_deadline()
-                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - time.monotonic()))
-                for key, mask in sel.select(timeout=timeout):
-                    if key.data == "listen":
-                        self._accept()
-                        continue
-                    if key.data == "ring":
-                        continue
-                    conn = key.data
-                    if mask & selectors.EVENT_WRITE and not conn.closed:
-                        self._send_queued(conn)
-                    if mask & selectors.EVENT_READ and not conn.closed:
-                        self._read(conn)
-                dev.on_events()
+                    until = min(last_work + bound.s, now + SPIN_SLICE_S,
+                                dl if dl is not None else now + SPIN_SLICE_S)
+                    self.loop_stats["spins"] += 1
+                    found = dev.rings.spin(int(until * 1e9), dev.ring)
+                    if not found and (dl is None or time.monotonic() < dl):
+                        last_select = time.monotonic()
+                        if not self._select(0):
+                            continue            # nothing at all: spin on
+                        look = False
+                    else:
+                        look = now - last_select >= SELECT_EVERY_S
+                    timeout = 0
+                elif dev.rings.sleep():
+                    # need_wakeup is set on every ring: an application that posts now rings
+                    # its doorbell, which ends this select
+                    slept = True
+                    self.loop_stats["sleeps"] += 1
+                    dl = dev.next_deadline()
+                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - now))
+                else:
+                    timeout = 0                 # work arrived while we said we would sleep
+                if look:
+                    last_select = now
+                    self._select(timeout)
+                if slept:
+                    dev.rings.wake()
+                    slept_s = time.monotonic() - now
+                timer.mark("wait")
+                work = dev.drain_rings()
+                timer.mark("rings")
+                work += max(0, dev.on_events())
+                timer.mark("events")
                 dev.tick(time.monotonic())
                 busy = dev.transmit()
-                dev.on_events()
+                timer.mark("transmit")
+                work += max(0, dev.on_events())
+                work += len(dev.dirty_cqs)
                 self._deliver()
+                timer.mark("deliver")
+                if slept:
+                    bound.after_sleep(slept_s, bool(work))
+                if work or busy:
+                    last_work = time.monotonic()
+                    timer.keep()
         finally:
             self.close()
+
+    def _select(self, timeout: float) -> int:
+        """Accept, read and write the control sockets and drain the doorbells that are ready
+        (waiting up to timeout); returns how many were."""
+        ready = self._sel.select(timeout=timeout)
+        for key, mask in ready:
+            if key.data == "listen":
+                self._accept()
+                continue
+            if key.data == "ring":
+                continue
+            if key.data == "doorbell":
+                drain_eventfd(key.fd)
+                self.loop_stats["wakeups_by_doorbell"] += 1
+                continue
+            conn = key.data
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._send_queued(conn)
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+        return len(ready)
 
     def _send_queued(self, conn: Connection) -> None:
         try:

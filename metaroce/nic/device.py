@@ -1,13 +1,13 @@
 """The data-path worker of one device, inside the daemon: protection domains, memory regions,
 completion queues and RC queue pairs of every application, the requester of each QP (PSNs,
 the go-back-N window, retransmission, retry and RNR budgets, in-order completion), READ
-responses, and the events the kernel reports. The kernel places, acknowledges and drops;
-the C fast path builds and sends packets in batches; this module decides per work request and
-per event, never per packet."""
+responses, and the events the kernel reports. Work requests arrive in the QPs' shared rings
+(metaroce/nic/vrings.py) and completions leave through the CQs' rings. The kernel places,
+acknowledges and drops; the C fast path builds and sends packets in batches; this module
+decides per work request and per event, never per packet."""
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 import sys
@@ -20,28 +20,45 @@ from ..errors import MetaroceError
 from ..fastpath.xsk import XskSocket, _lib
 from . import neigh
 from ..wire.consts import SACK_F_ECE
-from .cq import MAX_CQE, Cq, checked_cqe
+from .cq import MAX_CQE, Cq, checked_cqe, ring_entries
 from .credit import CreditConfig, CreditGranter
 from .paths import MAX_DP_PATHS, PathSet
 from .rx import (CREDIT_VALID, ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, EV_ACK, EV_CNP,
                  EV_EPSN, EV_NAK, EV_QP_ERROR, EV_RD_DONE, EV_RD_GAP, EV_READ_REQUEST, EV_RECV,
                  EV_RECV_ERR, EV_SACK, QP_COUNTERS, QP_RX_ERROR, RD_ATOMIC, RD_DEPTH, RD_READ,
-                 RQ_DEPTH, MemoryRegion, RxPath)
+                 RQ_DEPTH, RX_REASONS, MemoryRegion, RxPath)
+from .vrings import CqRing, QpRings, RingTable, Scratch, drain_eventfd, new_eventfd
+from .wqe import (MAX_MSG, MSG_CMP_SWAP, MSG_FETCH_ADD, MSG_READ_REQ, MSG_READ_RESP, MSG_SEND,
+                  MSG_WRITE, SEND_KINDS, BadWqe, check_recv, check_send, check_sge_in,
+                  not_in_pd)
 
 PSN_MASK, PSN_HALF = 0xFFFFFF, 0x800000
-MSG_WRITE, MSG_SEND, MSG_READ_RESP, MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD = range(1, 7)
+RECV_F_SOLICITED = 8     # EV_RECV flags: the message had SE set (bpf/nic/nic_consts.h)
 MSG_NAMES = {MSG_WRITE: "WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "READ", MSG_CMP_SWAP: "CMP_SWAP",
              MSG_FETCH_ADD: "FETCH_ADD"}
-WR_OPCODES = {"RDMA_WRITE": (MSG_WRITE, 0), "RDMA_WRITE_WITH_IMM": (MSG_WRITE, 1),
-              "SEND": (MSG_SEND, 0), "SEND_WITH_IMM": (MSG_SEND, 1),
-              "RDMA_READ": (MSG_READ_REQ, 0), "ATOMIC_CMP_AND_SWP": (MSG_CMP_SWAP, 0),
-              "ATOMIC_FETCH_AND_ADD": (MSG_FETCH_ADD, 0)}
 WC_OPCODE = {MSG_WRITE: "RDMA_WRITE", MSG_SEND: "SEND", MSG_READ_REQ: "RDMA_READ",
              MSG_CMP_SWAP: "COMP_SWAP", MSG_FETCH_ADD: "FETCH_ADD"}
+
+
+def _wc_opcode(wr_opcode: int) -> str:
+    """The completion opcode of a work request opcode (SEND for one that is not any)."""
+    kind = SEND_KINDS.get(wr_opcode)
+    return WC_OPCODE[kind[0]] if kind else "SEND"
+
+
+def _wc_op(w) -> str:
+    return w.opcode or WC_OPCODE[w.kind]
+
+
+# a failed receive's status by the program's reason: too long for its buffer, or a slot of the
+# owner's receive queue that is no receive; else its buffer was not the owner's to receive into
+_RECV_ERR_STATUS = {RX_REASONS.index("invalid_request"): WcStatus.LOC_LEN_ERR,
+                    RX_REASONS.index("bad_recv_wqe"): WcStatus.LOC_QP_OP_ERR}
 NAK_STATUS = {0x61: WcStatus.REM_INV_REQ_ERR, 0x62: WcStatus.REM_ACCESS_ERR,
               0x63: WcStatus.REM_OP_ERR}
 SEND_SIGNALED, SEND_INLINE, SEND_SOLICITED = 2, 8, 4       # IBV_SEND_* values
-MAX_INLINE = 256
+MAX_INLINE = 256         # max_inline_data
+MAX_SGE = 16             # max_sge
 WINDOW_PKTS = 1024       # request packets in flight per QP (go-back-N window)
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
 REORDER_THRESHOLD = 16   # SACK-5 (b): PSNs below the highest SACKed before any path's hole counts
@@ -50,12 +67,11 @@ MAX_EXT = 48             # the longest extension headers a packet carries (PETH 
 # across vCPUs) has millisecond jitter, so its floor is 1 ms: a lower one retransmits spuriously
 RTO_MIN_S = 1e-3
 INITIAL_CREDIT_PKTS = 2         # CC-8: what a MetaRoCE sender may send before the first SACK
-MAX_MSG = 1 << 31
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
-                 "max_cqe": MAX_CQE, "max_qp_wr": 4096, "max_sge": 16, "max_qp_rd_atom": RD_DEPTH,
+                 "max_cqe": MAX_CQE, "max_qp_wr": 4096, "max_sge": MAX_SGE, "max_qp_rd_atom": RD_DEPTH,
                  "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
                  "max_msg_sz": MAX_MSG, "max_srq": 0, "atomic_cap": "ATOMIC_HCA",
-                 "max_recv_wr": RQ_DEPTH, "max_paths": 8}
+                 "max_recv_wr": RQ_DEPTH, "max_paths": 8, "max_inline_data": MAX_INLINE}
 
 
 def _after(a: int, b: int) -> bool:
@@ -92,18 +108,33 @@ class SendWqe:
     rd_idx: int = -1
     done: bool = False
     status: int = 0
+    opcode: str | None = None    # the completion's opcode when it never became a message
 
     @property
     def last_psn(self) -> int:
         return _add(self.first_psn, self.npkts - 1)
 
 
+def _cap(cap: dict, name: str, default: int, lo: int, hi: int) -> int:
+    try:
+        v = int(cap.get(name, default))
+    except (TypeError, ValueError):
+        raise MetaroceError(f"{name} must be a number") from None
+    if not lo <= v <= hi:
+        raise MetaroceError(f"{name} must be {lo} .. {hi}, not {v}")
+    return v
+
+
 class Qp:
     def __init__(self, qpn: int, owner, pd: int, send_cq: Cq, recv_cq: Cq, cap: dict):
         self.qpn, self.owner, self.pd = qpn, owner, pd
         self.send_cq, self.recv_cq = send_cq, recv_cq
-        self.max_send_wr = int(cap.get("max_send_wr", 1024))
-        self.max_recv_wr = min(int(cap.get("max_recv_wr", RQ_DEPTH)), RQ_DEPTH)
+        self.max_send_wr = _cap(cap, "max_send_wr", 1024, 1, DEVICE_LIMITS["max_qp_wr"])
+        self.max_recv_wr = min(_cap(cap, "max_recv_wr", RQ_DEPTH, 0, 1 << 20), RQ_DEPTH)
+        self.max_send_sge = _cap(cap, "max_send_sge", MAX_SGE, 0, MAX_SGE)
+        self.max_recv_sge = min(_cap(cap, "max_recv_sge", 1, 0, MAX_SGE), 1)   # receives take one
+        self.max_inline = _cap(cap, "max_inline_data", MAX_INLINE, 0, MAX_INLINE)
+        self.rings: QpRings | None = None       # the owner's shared send and receive queues
         self.state = "INIT"
         self.sq_psn = secrets.randbits(24)      # unpredictable initial PSN (SEC)
         self.remote: dict = {}
@@ -122,9 +153,7 @@ class Qp:
         self.never_fails = False                # timeout 0: no failure for lack of ACKs (RTO-4)
         self.deadline = None                    # retransmission timer
         self.hold_until = 0.0                   # RNR wait
-        self.rq_tail = 0
-        self.rq_done = 0
-        self.rq_wr_ids: deque[int] = deque()    # posted, not completed receives (in order)
+        self.rq_done = 0                        # receives completed (the ring's consumer index)
         # MetaRoCE mode (spec 5.2): selective repeat
         self.metaroce = False
         self.ssn = 0                            # next request message's SSN
@@ -183,6 +212,14 @@ class Device:
         self._next_handle = 1
         self.dirty_cqs: set[int] = set()
         self.overrun_cqs: list[Cq] = []          # overran since the last take_async_events
+        # the shared-memory queues: every ring drained, a scratch to copy WQEs out into, each
+        # application's doorbell (an eventfd it rings when the daemon sleeps) and completion
+        # channels (eventfds the daemon signals)
+        self.rings = RingTable()
+        self.scratch = Scratch(512)
+        self.doorbells: dict[object, int] = {}
+        self.channels: dict[int, tuple[object, int]] = {}
+        self.settle_qps: set[Qp] = set()         # whose ring slots to release this round
 
     # ---- resources ---------------------------------------------------------------------
 
@@ -220,17 +257,47 @@ class Device:
         self.ffi.release(ent[2])        # the C view of the memory first, then the kernel's
         self.rx.dereg_mr(ent[0])
 
-    def create_cq(self, owner, cqe: int) -> Cq:
+    def create_comp_channel(self, owner) -> tuple[int, int]:
+        """A completion channel: (handle, its eventfd, which the owner gets a copy of)."""
+        h = self._handle()
+        self.channels[h] = (owner, new_eventfd())
+        return h, self.channels[h][1]
+
+    def destroy_comp_channel(self, owner, h: int) -> None:
+        ent = self.channels.get(h)
+        if ent is None or ent[0] is not owner:
+            raise MetaroceError(f"no completion channel {h}")
+        if any(c.channel == h for c in self.cqs.values()):
+            raise MetaroceError(f"completion channel {h} still has CQs")
+        os.close(self.channels.pop(h)[1])
+
+    def create_cq(self, owner, cqe: int, channel: int | None = None, shared: bool = True) -> Cq:
+        """A CQ; shared: its completions go into a ring in shared memory (an application's),
+        events to `channel` (or to a channel of its own, created here)."""
         if len(self.cqs) >= DEVICE_LIMITS["max_cq"]:
             raise MetaroceError(f"too many CQs (max_cq {DEVICE_LIMITS['max_cq']})")
+        checked_cqe(cqe)
+        if channel is not None and self.channels.get(channel, (None,))[0] is not owner:
+            raise MetaroceError(f"no completion channel {channel}")
         h = self._handle()
-        self.cqs[h] = Cq(h, owner, checked_cqe(cqe))
-        return self.cqs[h]
+        ring = None
+        if shared:
+            if channel is None:                  # a channel of its own, gone with the CQ
+                channel, _ = self.create_comp_channel(owner)
+                own = channel
+            else:
+                own = None
+            ring = CqRing(h, ring_entries(cqe), self.channels[channel][1])
+        cq = Cq(h, owner, cqe, ring, channel=channel if shared else None,
+                own_channel=own if shared else None)
+        self.cqs[h] = cq
+        return cq
 
-    def set_cq_ci(self, owner, updates) -> None:
-        """The owner's consumer indexes: [[cq handle, completions polled so far], ...]."""
-        for h, ci in updates:
-            self._own_cq(owner, int(h)).set_consumer_index(int(ci))
+    def doorbell(self, owner) -> int:
+        """The owner's doorbell eventfd (one per application, made with its first QP)."""
+        if owner not in self.doorbells:
+            self.doorbells[owner] = new_eventfd()
+        return self.doorbells[owner]
 
     def _own_cq(self, owner, h: int) -> Cq:
         cq = self.cqs.get(h)
@@ -238,7 +305,10 @@ class Device:
             raise MetaroceError(f"no completion queue {h}")
         return cq
 
-    def create_qp(self, owner, pd: int, send_cq: int, recv_cq: int, cap: dict) -> Qp:
+    def create_qp(self, owner, pd: int, send_cq: int, recv_cq: int, cap: dict,
+                  shared: bool = True) -> Qp:
+        """An RC QP; shared: its send and receive queues are rings in shared memory (an
+        application's; the daemon's own endpoints are driven by the wire only)."""
         self._own_pd(owner, pd)
         scq, rcq = self._own_cq(owner, send_cq), self._own_cq(owner, recv_cq)
         if len(self.qps) >= DEVICE_LIMITS["max_qp"]:
@@ -247,6 +317,15 @@ class Device:
         while qpn in self.qps or qpn < 2:
             qpn = secrets.randbits(24)
         qp = Qp(qpn, owner, pd, scq, rcq, cap)
+        if shared:
+            rq = self.rx.create_rq(qpn, 1 << max(0, (max(1, qp.max_recv_wr) - 1).bit_length()),
+                                   max_wr=qp.max_recv_wr)
+            try:
+                qp.rings = QpRings(qpn, qp.max_send_wr, qp.max_send_sge, qp.max_inline, rq)
+            except (MetaroceError, OSError):
+                self.rx.del_rq(qpn)
+                raise
+            self.rings.add(qp, qp.rings.sq)
         self.qps[qpn] = qp
         return qp
 
@@ -306,6 +385,8 @@ class Device:
             qp.credit_limit = _add(qp.sq_psn, INITIAL_CREDIT_PKTS)   # in credit mode; the first
                                                 # SACK's grant (or its absence) replaces it
         qp.state = "RTS"
+        if qp.rings is not None:
+            qp.rings.set_ready(True)             # its send queue is drained from now on
         return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu,
                 "mode": self.qp_mode(qp)}
 
@@ -331,11 +412,19 @@ class Device:
     def destroy_qp(self, owner, qpn: int) -> None:
         qp = self.own_qp(owner, qpn)
         self._flush(qp, None)
+        self._forget_qp(qp)
+
+    def _forget_qp(self, qp: Qp) -> None:
         self._keep_counters(qp)
-        self.rx.del_qp(qpn)
+        if qp.rings is not None:
+            self.rings.remove(qp)
+            qp.rings.close()
+            qp.rings = None
+        self.rx.del_qp(qp.qpn)                   # its receive ring too
         if self.credits:
-            self.credits.forget(qpn)
-        del self.qps[qpn]
+            self.credits.forget(qp.qpn)
+        self.settle_qps.discard(qp)
+        del self.qps[qp.qpn]
 
     def _keep_counters(self, qp: Qp) -> None:
         """A QP about to go adds its counters (the kernel's and the requester's) to the
@@ -361,18 +450,28 @@ class Device:
         cq = self._own_cq(owner, h)
         if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
             raise MetaroceError(f"completion queue {h} is still used by a QP")
-        del self.cqs[h]
+        self._forget_cq(cq)
+
+    def _forget_cq(self, cq: Cq) -> None:
+        del self.cqs[cq.handle]
+        if cq.ring is not None:
+            cq.ring.close()
+            cq.ring = None
+        if cq.own_channel is not None:
+            os.close(self.channels.pop(cq.own_channel)[1])
 
     def release(self, owner) -> None:
         """A connection went away: reclaim everything it created."""
-        for qpn in [q for q, qp in self.qps.items() if qp.owner is owner]:
-            self._keep_counters(self.qps[qpn])
-            self.rx.del_qp(qpn)
-            del self.qps[qpn]
+        for qp in [qp for qp in self.qps.values() if qp.owner is owner]:
+            self._forget_qp(qp)
         for key in [k for k, e in self.mrs.items() if e[1] is owner]:
             self._dereg(self.mrs.pop(key))
-        for h in [h for h, c in self.cqs.items() if c.owner is owner]:
-            del self.cqs[h]
+        for cq in [c for c in self.cqs.values() if c.owner is owner]:
+            self._forget_cq(cq)
+        for h in [h for h, (o, _) in self.channels.items() if o is owner]:
+            os.close(self.channels.pop(h)[1])
+        if owner in self.doorbells:
+            os.close(self.doorbells.pop(owner))
         self.overrun_cqs = [c for c in self.overrun_cqs if c.owner is not owner]
         for h in [h for h, o in self.pds.items() if o is owner]:
             del self.pds[h]
@@ -381,104 +480,129 @@ class Device:
     # ---- work requests -----------------------------------------------------------------
 
     def _local(self, owner, pd: int, sge, need: int) -> tuple[MemoryRegion, object, int]:
-        try:
-            addr, length, lkey = (int(v) for v in sge)
-        except (TypeError, ValueError):
-            raise MetaroceError("an SGE is [addr, length, lkey]") from None
+        """The region an SGE lies in (of owner, in pd, with access need): (mr, its C view, the
+        SGE's offset in it); BadWqe otherwise."""
+        addr, length, lkey = (int(v) for v in sge)
         ent = self.mrs.get(lkey)
         if ent is None or ent[1] is not owner or ent[0].pd != pd:
-            raise MetaroceError(f"lkey 0x{lkey:08x} is not a region of this QP's PD")
+            raise not_in_pd(lkey)
         mr = ent[0]
-        if need and not mr.access & need:
-            raise MetaroceError(f"lkey 0x{lkey:08x} lacks local write access")
-        if length < 0 or addr < mr.addr or addr + length > mr.addr + mr.length:
-            raise MetaroceError(f"SGE [0x{addr:x}, {length}] is outside lkey 0x{lkey:08x}")
+        check_sge_in((addr, length), lkey, mr.addr, mr.length, mr.access, need)
         return mr, ent[2], addr - mr.addr
 
-    def post_send(self, owner, qpn: int, wrs: list) -> None:
-        qp = self.own_qp(owner, qpn)
-        if qp.state != "RTS":
-            raise MetaroceError(f"QP 0x{qpn:06x} is {qp.state}: post_send needs RTS")
-        if len(qp.pending) + len(qp.sq) + len(wrs) > qp.max_send_wr:
-            raise MetaroceError(f"send queue full (max_send_wr {qp.max_send_wr})")
-        built = [self._build_wqe(qp, owner, wr) for wr in wrs]
-        qp.pending.extend(built)
+    def drain_rings(self) -> int:
+        """Copy the new WQEs out of every ring that has some (a batch per ring) and act on
+        them; returns how many were taken."""
+        taken = 0
+        for qp, is_send in self.rings.pending():
+            if qp.rings is None:
+                continue
+            if is_send:
+                taken += self._drain_send(qp)
+            else:
+                taken += self._flush_recvs(qp)
+        return taken
 
-    def _build_wqe(self, qp: Qp, owner, wr: dict) -> SendWqe:
-        try:
-            kind, imm = WR_OPCODES[str(wr["opcode"]).removeprefix("IBV_WR_")]
-        except KeyError:
-            raise MetaroceError(f"unknown work request opcode {wr.get('opcode')!r}") from None
-        flags = int(wr.get("send_flags", SEND_SIGNALED))
+    def _ring_broken(self, qp: Qp, which: str) -> None:
+        """A producer index the owner wrote is impossible: an error completion and ERR (once:
+        the rings are not read again)."""
+        qp.rings.set_broken()
+        if qp.state == "ERR":
+            return
+        cq = qp.send_cq if which == "send" else qp.recv_cq
+        self._wc(cq, {"wr_id": 0, "status": int(WcStatus.LOC_QP_OP_ERR),
+                      "opcode": "SEND" if which == "send" else "RECV", "qp_num": qp.qpn,
+                      "byte_len": 0})
+        self._error(qp, why=f"impossible {which} queue producer index")
+
+    def _drain_send(self, qp: Qp) -> int:
+        entries = qp.rings.fetch_send(self.scratch)
+        if entries is None:
+            self._ring_broken(qp, "send")
+            return 0
+        if qp.state == "ERR":                   # posted to a QP in ERR: flushed
+            for e in entries:
+                self._wc(qp.send_cq, {"wr_id": e.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
+                                      "opcode": _wc_opcode(e.opcode), "qp_num": qp.qpn,
+                                      "byte_len": 0})
+            self.settle_qps.add(qp)
+            return len(entries)
+        for i, e in enumerate(entries):
+            try:
+                w = self._build_wqe(qp, e)
+            except BadWqe as exc:               # as a verbs device: error completion, ERR
+                rest = [SendWqe(x.wr_id, 0, True, None, None, None, 0, opcode=_wc_opcode(x.opcode))
+                        for x in entries[i:]]
+                qp.pending.extend(rest)
+                self._error(qp, rest[0], exc.status, f"bad work request {e.wr_id}: {exc}")
+                return len(entries)
+            qp.pending.append(w)
+        return len(entries)
+
+    def _flush_recvs(self, qp: Qp) -> int:
+        """A QP in ERR: every receive posted beyond the completed ones completes flushed (the
+        NIC's program takes none any more)."""
+        entries = qp.rings.fetch_recv(self.scratch)
+        if entries is None:                     # an impossible index: nothing to flush
+            qp.rings.set_broken()
+            return 0
+        for e in entries:
+            self._wc(qp.recv_cq, {"wr_id": e.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
+                                  "opcode": "RECV", "qp_num": qp.qpn, "byte_len": 0})
+        qp.rq_done += len(entries)
+        self.settle_qps.add(qp)
+        return len(entries)
+
+    def _error(self, qp: Qp, failing: "SendWqe | None" = None, status: int = 0,
+               why: str | None = None) -> None:
+        """A bad WQE (or ring) of the owner's: the QP goes to ERR as on a verbs device (the
+        failing WQE completes with its status, everything else is flushed, the responder in
+        the kernel drops every request)."""
+        if why:
+            print(f"metaroce: QP 0x{qp.qpn:06x} of application pid "
+                  f"{getattr(qp.owner, 'pid', 0)}: {why}: QP to ERR", file=sys.stderr, flush=True)
+        if qp.state != "ERR":
+            self._flush(qp, failing, status)
+        if qp.state == "ERR" and self.rx is not None:
+            self.rx.set_qp_error(qp.qpn)
+
+    def _build_wqe(self, qp: Qp, e) -> SendWqe:
+        """The message of one send WQE copied out of the ring, checked by the rules the library
+        applies too (metaroce/nic/wqe.py)."""
+        owner, pd = qp.owner, qp.pd
+        kind, imm, length, parts = check_send(
+            e.opcode, e.flags, e.sges, e.inline_len, e.remote_addr, qp.max_send_sge,
+            qp.max_inline, lambda s, need: self._local(owner, pd, s, need))
+        flags = e.flags
         m = self.ffi.new("struct mr_roce_msg *")
-        m.kind, m.with_imm, m.pmtu = kind, imm, qp.pmtu
-        m.solicited = int(bool(flags & SEND_SOLICITED))
-        m.imm = int(wr.get("imm_data", 0)) & 0xFFFFFFFF
-        sg = wr.get("sg_list", [])
+        self.c.mr_wqe_msg(self.scratch.buf + e.slot, kind, imm, length, qp.pmtu, m)
         keep, data, local = None, self.ffi.NULL, None
         if kind in (MSG_WRITE, MSG_SEND):
-            if "inline" in wr:
-                raw = base64.b64decode(wr["inline"])
-                if len(raw) > MAX_INLINE:
-                    raise MetaroceError(f"inline data is at most {MAX_INLINE} bytes")
+            if flags & SEND_INLINE:
+                keep = self.ffi.new("uint8_t[]", e.inline or b"\0")
+                data = keep
+            elif len(parts) == 1:
+                mr, ptr, off = parts[0]
+                data = ptr + off
+            elif parts:                          # several SGEs: gathered once at post time
+                raw = b"".join(bytes(mr._mm[off:off + int(s[1])])
+                               for (mr, _, off), s in zip(parts, e.sges))
                 keep = self.ffi.new("uint8_t[]", raw or b"\0")
-                data, length = keep, len(raw)
-            elif len(sg) == 1:
-                mr, ptr, off = self._local(owner, qp.pd, sg[0], 0)
-                data, length = ptr + off, int(sg[0][1])
-            else:                            # several SGEs: gathered once at post time
-                parts = []
-                for s in sg:
-                    mr, ptr, off = self._local(owner, qp.pd, s, 0)
-                    parts.append(bytes(mr._mm[off:off + int(s[1])]))
-                raw = b"".join(parts)
-                keep = self.ffi.new("uint8_t[]", raw or b"\0")
-                data, length = keep, len(raw)
+                data = keep
         else:
-            if len(sg) != 1:
-                raise MetaroceError("READ and atomics take exactly one SGE")
-            self._local(owner, qp.pd, sg[0], ACCESS_LOCAL_WRITE)
-            length = int(sg[0][1])
-            if kind != MSG_READ_REQ and length != 8:
-                raise MetaroceError("an atomic's SGE is 8 bytes")
-            local = (int(sg[0][2]), int(sg[0][0]), length)
-        if length > MAX_MSG:
-            raise MetaroceError(f"message longer than max_msg_sz {MAX_MSG}")
-        m.len = length
-        if kind != MSG_SEND:
-            try:
-                m.va, m.rkey = int(wr["remote_addr"]), int(wr["rkey"])
-            except (KeyError, ValueError, TypeError):
-                raise MetaroceError("WRITE, READ and atomics need remote_addr and rkey") from None
-        if kind in (MSG_CMP_SWAP, MSG_FETCH_ADD):
-            if m.va & 7:
-                raise MetaroceError("an atomic's remote_addr must be 8-byte aligned")
-            if kind == MSG_FETCH_ADD:
-                m.swap_add = int(wr.get("compare_add", 0)) & (2**64 - 1)
-            else:
-                m.compare = int(wr.get("compare_add", 0)) & (2**64 - 1)
-                m.swap_add = int(wr.get("swap", 0)) & (2**64 - 1)
+            s = e.sges[0]
+            local = (int(s[2]), int(s[0]), length)
         npkts = self.c.mr_msg_packets(m)
         if kind == MSG_READ_REQ:
             npkts = max(1, -(-length // qp.pmtu))       # the PSNs its response takes
-        return SendWqe(int(wr.get("wr_id", 0)), kind, bool(flags & SEND_SIGNALED), m, data, keep,
-                       npkts, local)
+        return SendWqe(e.wr_id, kind, bool(flags & SEND_SIGNALED), m, data, keep, npkts, local)
 
-    def post_recv(self, owner, qpn: int, wrs: list) -> None:
-        qp = self.own_qp(owner, qpn)
-        if qp.state == "ERR":
-            raise MetaroceError(f"QP 0x{qpn:06x} is in ERR")
-        if qp.rq_tail - qp.rq_done + len(wrs) > qp.max_recv_wr:
-            raise MetaroceError(f"receive queue full (max_recv_wr {qp.max_recv_wr})")
-        for wr in wrs:
-            sg = wr.get("sg_list", [])
-            if len(sg) != 1:
-                raise MetaroceError("a receive takes exactly one SGE here")
-            mr, _, _ = self._local(owner, qp.pd, sg[0], ACCESS_LOCAL_WRITE)
-            self.rx.post_recv(qpn, qp.rq_tail, int(wr.get("wr_id", 0)), int(sg[0][0]),
-                              int(sg[0][2]), int(sg[0][1]))
-            qp.rq_tail += 1
-            qp.rq_wr_ids.append(int(wr.get("wr_id", 0)))
+    def settle_rings(self) -> None:
+        """Release the ring slots of the work requests that completed this round."""
+        for qp in self.settle_qps:
+            if qp.rings is not None:
+                qp.rings.settle(len(qp.sq) + len(qp.pending), qp.rq_done)
+        self.settle_qps.clear()
 
     # ---- completions -------------------------------------------------------------------
 
@@ -493,8 +617,8 @@ class Device:
     def _complete_send(self, qp: Qp, w: SendWqe, status: int) -> None:
         if w.signaled or status:
             self._wc(qp.send_cq, {"wr_id": w.wr_id, "status": int(status),
-                                  "opcode": WC_OPCODE[w.kind], "qp_num": qp.qpn,
-                                  "byte_len": int(w.msg.len)})
+                                  "opcode": _wc_op(w), "qp_num": qp.qpn,
+                                  "byte_len": int(w.msg.len) if w.msg is not None else 0})
 
     def _retire(self, qp: Qp) -> None:
         """Complete, in posting order, every WQE at the head that is done."""
@@ -509,6 +633,7 @@ class Device:
                 qp.rd_open -= 1
             self._complete_send(qp, w, w.status)
         if n:
+            self.settle_qps.add(qp)
             i, p = qp.cursor
             qp.cursor = (max(0, i - n), p if i >= n else 0)
             qp.retries_left = qp.retry_cnt
@@ -517,17 +642,19 @@ class Device:
     def _flush(self, qp: Qp, failing: SendWqe | None, status: int = 0) -> None:
         """ERR: the failing WQE gets its status, every later one (and receives) a flush."""
         qp.state = "ERR"
+        if qp.rings is not None:                 # the owner's posts are refused or flushed,
+            qp.rings.set_error(qp.rq_done)       # its posted receives too (ERR-1)
+            self.rings.add(qp, qp.rings.rq, is_send=False)
+            self.settle_qps.add(qp)
         for w in list(qp.sq) + list(qp.pending):
             if w is failing:
                 self._complete_send(qp, w, status)
             else:
                 self._wc(qp.send_cq, {"wr_id": w.wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
-                                      "opcode": WC_OPCODE[w.kind], "qp_num": qp.qpn,
+                                      "opcode": _wc_op(w), "qp_num": qp.qpn,
                                       "byte_len": 0})
-        for wr_id in qp.rq_wr_ids:          # posted receives are flushed too (ERR-1)
-            self._wc(qp.recv_cq, {"wr_id": wr_id, "status": int(WcStatus.WR_FLUSH_ERR),
-                                  "opcode": "RECV", "qp_num": qp.qpn, "byte_len": 0})
-        qp.rq_wr_ids.clear()
+        if qp.rings is not None:
+            self._flush_recvs(qp)
         qp.recv_wait.clear()
         qp.sq.clear()
         qp.pending.clear()
@@ -724,17 +851,18 @@ class Device:
                 return
             del qp.recv_wait[qp.rq_done & PSN_MASK]
             qp.rq_done += 1
-            if qp.rq_wr_ids:
-                qp.rq_wr_ids.popleft()
+            self.settle_qps.add(qp)
             self._wc(qp.recv_cq, ent[1])
 
     def _recv_wc(self, qp: Qp, e, ok: bool) -> dict:
         wc = {"wr_id": e.wr_id, "qp_num": qp.qpn, "src_qp": qp.remote.get("qpn", 0),
               "byte_len": e.len, "opcode": "RECV_RDMA_WITH_IMM" if e.flags & 2 else "RECV",
-              "status": 0 if ok else int(WcStatus.LOC_LEN_ERR if e.syndrome == 19 else
-                                         WcStatus.LOC_PROT_ERR)}
+              "status": 0 if ok else int(_RECV_ERR_STATUS.get(e.syndrome,
+                                                              WcStatus.LOC_PROT_ERR))}
         if e.flags & 1:
             wc["imm_data"] = int.from_bytes(int(e.imm).to_bytes(4, "little"), "big")
+        if e.flags & RECV_F_SOLICITED:
+            wc["solicited"] = True          # a solicited event (req_notify solicited_only)
         return wc
 
     def _reread(self, qp: Qp, rd_idx: int, psn: int, progress: bool = True) -> None:
@@ -846,8 +974,7 @@ class Device:
                 self._on_sack(qp, e.psn, int(e.wr_id) << 64 | int(e.va))
             elif t in (EV_RECV, EV_RECV_ERR):
                 qp.rq_done += 1
-                if qp.rq_wr_ids:
-                    qp.rq_wr_ids.popleft()
+                self.settle_qps.add(qp)
                 self._wc(qp.recv_cq, self._recv_wc(qp, e, t == EV_RECV))
             elif t == EV_QP_ERROR:                      # the responder sent a fatal NAK:
                 self._flush(qp, None)                      # ERR, everything flushed (ERR-1)
@@ -1239,10 +1366,16 @@ class Device:
         return best
 
     def take_wcs(self) -> list[tuple[Cq, list]]:
+        """Publish what this round wrote into the CQs' rings (their owners see it and, if they
+        armed the CQ, get an event); returns the ring-less CQs' completions."""
         out = []
         for h in self.dirty_cqs:
             cq = self.cqs.get(h)
-            if cq is not None and cq.wcs:
+            if cq is None:
+                continue
+            if cq.ring is not None:
+                cq.ring.publish()
+            elif cq.wcs:
                 out.append((cq, cq.take()))
         self.dirty_cqs.clear()
         return out
@@ -1256,7 +1389,10 @@ class Device:
             cq = self.overrun_cqs.pop(0)
             if self.cqs.get(cq.handle) is not cq:
                 continue                         # destroyed meanwhile
-            out.append((cq.owner, {"type": "CQ_ERR", "cq": cq.handle, "cqe": cq.cqe}))
+            if cq.ring is not None:
+                cq.ring.set_error()              # poll raises at once, a waiter wakes
+            out.append((cq.owner, {"type": "CQ_ERR", "cq": cq.handle, "cqe": cq.cqe,
+                                   "bad_consumer_index": cq.bad_index}))
             for qp in list(self.qps.values()):
                 if (qp.send_cq is cq or qp.recv_cq is cq) and qp.state != "ERR":
                     self._flush(qp, None)        # may overrun its other CQ: settled in turn
@@ -1265,12 +1401,22 @@ class Device:
                                            "cq": cq.handle}))
         return out
 
+    @staticmethod
+    def _unfetched(qp: Qp) -> int:
+        """Send WQEs the owner published that the daemon has not taken yet (as the ring says:
+        at most its size)."""
+        if qp.rings is None or qp.rings.broken or qp.state != "RTS":
+            return 0
+        q = qp.rings.sq
+        return min((int(q.hdr.prod) - int(q.head)) & 0xFFFFFFFF, int(q.entries))
+
     def qp_stats(self, qp: Qp) -> dict:
         st = self.rx.qp_state(qp.qpn) if qp.state in ("RTS", "ERR") else {}
         if qp.state == "RTS" and st.get("state") == QP_RX_ERROR:
             self.on_events()            # the kernel sent a fatal NAK: its event settles the state
         out = {"qpn": qp.qpn, "state": qp.state, "mode": self.qp_mode(qp), "remote": qp.remote,
-               "sq_outstanding": len(qp.sq) + len(qp.pending), "window_pkts": qp.in_flight_pkts}
+               "sq_outstanding": len(qp.sq) + len(qp.pending) + self._unfetched(qp),
+               "window_pkts": qp.in_flight_pkts}
         out.update({k: st.get(k, 0) for k in QP_COUNTERS})
         out.update(qp.stats)
         if qp.srtt is not None:
@@ -1291,7 +1437,13 @@ class Device:
         return out
 
     def close(self) -> None:
+        for owner in {q.owner for q in self.qps.values()} | {c.owner for c in self.cqs.values()}:
+            self.release(owner)
         for key in list(self.mrs):
             self._dereg(self.mrs.pop(key))
+        for _, fd in self.channels.values():
+            os.close(fd)
+        for fd in self.doorbells.values():
+            os.close(fd)
         self.c.mr_evring_close(self.ring)
         self.xsk.close()

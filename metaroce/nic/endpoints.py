@@ -37,8 +37,9 @@ class Endpoints:
             mr = dev.reg_mr(self, pd, mr_bytes, access)
             # room for every work request it can have outstanding: never overrun
             cq = dev.create_cq(self, int(cap.get("max_send_wr", 1024)) +
-                               min(int(cap.get("max_recv_wr", RQ_DEPTH)), RQ_DEPTH)).handle
-            qp = dev.create_qp(self, pd, cq, cq, cap)
+                               min(int(cap.get("max_recv_wr", RQ_DEPTH)), RQ_DEPTH),
+                               shared=False).handle
+            qp = dev.create_qp(self, pd, cq, cq, cap, shared=False)
         except MetaroceError:
             if cq is not None:
                 dev.destroy_cq(self, cq)

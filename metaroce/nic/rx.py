@@ -20,7 +20,7 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
               "bad_icrc", "duplicate", "rnr", "qp_error", "wrong_source", "ack", "read_request",
               "atomic", "unexpected_response", "invalid_request", "cnp", "wrong_mode",
-              "beyond_window", "bad_pkey")
+              "beyond_window", "bad_pkey", "bad_recv_wqe")
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
 PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes")   # port_counters map
@@ -62,8 +62,54 @@ def crc32_slice8_tables() -> bytes:
         tables.append([(v >> 8) ^ t0[v & 0xFF] for v in prev])
     return b"".join(struct.pack("=256I", *t) for t in tables)
 _MR_INFO = struct.Struct("=QQII")       # struct mr_info
-_WQE = struct.Struct("=QQQII")          # struct recv_wqe
 _RD_SLOT = struct.Struct("=QQQIIII")    # struct rd_slot
+
+
+class RecvRing:
+    """A QP's receive queue ring (bpf/nic/nic_vq.h): an mmap-able BPF array map of
+    MR_VQ_HDR_SLOTS + entries 32-byte slots, the header first, found by QPN in `rqs`. Its owner
+    maps it (the fd) and posts into it; the XDP program takes WQEs from it; `view` is a C view
+    (struct mr_vq) for the header's indices."""
+
+    def __init__(self, qpn: int, entries: int, max_wr: int):
+        from ..fastpath.vqlayout import C, HDR_SIZE  # noqa: PLC0415
+        from ..fastpath.xsk import _lib  # noqa: PLC0415
+        mod = _lib()
+        self.ffi, self.c = mod.ffi, mod.lib
+        stride = C["MR_RQ_STRIDE"]
+        self.entries, self.stride = entries, stride
+        n = C["MR_VQ_HDR_SLOTS"] + entries
+        self.fd = libbpf.map_create(libbpf.BPF_MAP_TYPE_ARRAY, "rq", 4, stride, n,
+                                    libbpf.BPF_F_MMAPABLE | libbpf.BPF_F_INNER_MAP)
+        self.size = -(-n * stride // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.mm = mmap.mmap(self.fd, self.size)
+        self.ptr = self.ffi.from_buffer(self.mm)
+        self.view = self.ffi.new("struct mr_vq *")
+        if self.c.mr_vq_create(self.view, self.ptr, C["MR_VQ_RQ"], entries, stride, max_wr, 1, 0,
+                               qpn, -1):
+            self.close()
+            raise MetaroceError(f"receive queue of {entries} entries refused")
+        assert HDR_SIZE == C["MR_VQ_HDR_SLOTS"] * stride
+
+    def describe(self) -> dict:
+        return {"bytes": self.size, "offset": 0, "entries": self.entries, "stride": self.stride,
+                "max_wr": int(self.view.max_wr), "max_sge": 1}
+
+    def post(self, seq: int, wr_id: int, addr: int, lkey: int, length: int) -> None:
+        """Write receive WQE number seq and publish the ring up to it (the raw path tools and
+        tests take; applications post through their own mapping)."""
+        from ..fastpath.vqlayout import HDR_SIZE, RECV_WQE, SGE  # noqa: PLC0415
+        off = HDR_SIZE + (seq % self.entries) * self.stride
+        RECV_WQE.pack_into(self.mm, off, wr_id, 1)
+        SGE.pack_into(self.mm, off + RECV_WQE.size, addr, length, lkey)
+        self.view.hdr.prod = (seq + 1) & 0xFFFFFFFF
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.ffi.release(self.ptr)
+            self.mm.close()
+            os.close(self.fd)
+            self.mm = None
 
 
 @dataclass
@@ -92,8 +138,12 @@ class RxPath:
         self._info_fd = self.bpf[b"mr_infos"].map_fd
         self._qps = self.bpf[b"qps"]
         self._qps_fd = self._qps.map_fd
-        self._sq_fd = self.bpf[b"sq_psn"].map_fd
-        self._rq_fd = self.bpf[b"rq"].map_fd
+        sq = self.bpf[b"sq_psns"]
+        self._sq_mm = mmap.mmap(sq.map_fd, -(-8 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._sq_slots: dict[int, int] = {}          # QPN -> its entry in sq_psns
+        self._sq_free = list(range(max_qps - 1, -1, -1))
+        self._rqs_fd = self.bpf[b"rqs"].map_fd
+        self.rqs: dict[int, RecvRing] = {}
         self._rd_fd = self.bpf[b"rd_slots"].map_fd
         self._atomic_fd = self.bpf[b"atomic_results"].map_fd
         self.events_fd = self.bpf[b"events"].map_fd
@@ -104,7 +154,33 @@ class RxPath:
     def close(self) -> None:
         for mr in list(self.mrs.values()):
             self.dereg_mr(mr)
+        for qpn in list(self.rqs):
+            self.del_rq(qpn)
+        self._sq_mm.close()
         self.bpf.cleanup()
+
+    def create_rq(self, qpn: int, entries: int = RQ_DEPTH, max_wr: int | None = None) -> RecvRing:
+        """The QP's receive queue ring (entries a power of two, at most RQ_DEPTH), in place for
+        the program from now on."""
+        if qpn in self.rqs:
+            raise MetaroceError(f"QP 0x{qpn:06x} has a receive queue")
+        if entries & (entries - 1) or not 0 < entries <= RQ_DEPTH:
+            raise MetaroceError(f"a receive queue has 1 .. {RQ_DEPTH} entries, a power of two")
+        ring = RecvRing(qpn, entries, entries if max_wr is None else max_wr)
+        try:
+            libbpf.map_update_raw(self._rqs_fd, struct.pack("=I", qpn), struct.pack("=I", ring.fd))
+        except OSError:
+            ring.close()
+            raise
+        self.rqs[qpn] = ring
+        return ring
+
+    def del_rq(self, qpn: int) -> None:
+        """Take the ring away from the program first, then release it."""
+        libbpf.map_delete_raw(self._rqs_fd, struct.pack("=I", qpn), missing_ok=True)
+        ring = self.rqs.pop(qpn, None)
+        if ring is not None:
+            ring.close()
 
     def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0, *,
                pmtu: int = 1024, sq_psn: int | None = None, peer_ip: bytes | None = None,
@@ -112,8 +188,16 @@ class RxPath:
         """A QP in RTR/RTS: what it expects next, whom it answers, where its requests start
         (sq_psn: the first PSN it sends; None leaves the requester side closed), with
         peer_ip (4 or 16 bytes) the only source it accepts, and which mode's opcodes it
-        speaks (metaroce: selective repeat with SACK, spec section 5)."""
+        speaks (metaroce: selective repeat with SACK, spec section 5). Its receive queue is
+        the ring create_rq made (one of RQ_DEPTH entries is made here if there is none)."""
+        ring = self.rqs.get(qpn) or self.create_rq(qpn)
+        try:                       # armed again: the receives it consumed stay consumed
+            head = self._qps[self._qps.Key(qpn)].rq_head
+        except KeyError:
+            head = ring.view.tail
         leaf = self._qps.Leaf()
+        leaf.rq_entries = ring.entries
+        leaf.rq_head = head
         leaf.epsn, leaf.pd, leaf.dqpn, leaf.msn, leaf.pmtu = epsn, pd, dqpn, msn, pmtu
         leaf.rnr_timer = rnr_timer
         leaf.metaroce = int(metaroce)
@@ -122,6 +206,11 @@ class RxPath:
             leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))
         if sq_psn is not None:
             leaf.una = sq_psn
+            if qpn not in self._sq_slots:
+                if not self._sq_free:
+                    raise MetaroceError(f"no requester slot left ({len(self._sq_slots)} QPs)")
+                self._sq_slots[qpn] = self._sq_free.pop()
+            leaf.sq_slot, leaf.sq_open = self._sq_slots[qpn], 1
             self.set_sq_psn(qpn, sq_psn)
         self._qps[self._qps.Key(qpn)] = leaf
 
@@ -137,8 +226,10 @@ class RxPath:
         self._qps[key] = leaf
 
     def set_sq_psn(self, qpn: int, psn: int) -> None:
-        """The next PSN the requester will send: ACKs beyond it are forged (RESP-12)."""
-        libbpf.map_update_raw(self._sq_fd, struct.pack("=I", qpn), struct.pack("=I", psn))
+        """The next PSN the requester will send: ACKs beyond it are forged (RESP-12). On every
+        post's path, so a store into the mmap-ed sq_psns array, no system call (the packets
+        that use it leave through a system call, which orders the store before them)."""
+        struct.pack_into("=Q", self._sq_mm, 8 * self._sq_slots[qpn], psn & 0xFFFFFFFF)
 
     def set_credit(self, qpn: int, share: int) -> None:
         """CC-8: the XDP responder grants this QP's sender `share` packets past its cumulative
@@ -158,17 +249,21 @@ class RxPath:
 
     def del_qp(self, qpn: int) -> None:
         key = struct.pack("=I", qpn)
-        for fd in (self._qps_fd, self._sq_fd, self._credit_fd):
+        for fd in (self._qps_fd, self._credit_fd):
             libbpf.map_delete_raw(fd, key, missing_ok=True)
-        for fd, depth in ((self._rq_fd, RQ_DEPTH), (self._rd_fd, RD_DEPTH),
-                          (self._atomic_fd, RD_DEPTH)):
+        slot = self._sq_slots.pop(qpn, None)
+        if slot is not None:                   # the QP's entry is gone: its slot is free
+            self._sq_free.append(slot)
+        self.del_rq(qpn)
+        for fd, depth in ((self._rd_fd, RD_DEPTH), (self._atomic_fd, RD_DEPTH)):
             for slot in range(depth):          # slots never used were never created
                 libbpf.map_delete_raw(fd, struct.pack("=Q", qpn << 32 | slot), missing_ok=True)
 
     def post_recv(self, qpn: int, seq: int, wr_id: int, addr: int, lkey: int, length: int) -> None:
-        """Receive WQE number seq of the QP (the caller keeps seq - rq_head < RQ_DEPTH)."""
-        libbpf.map_update_raw(self._rq_fd, struct.pack("=Q", qpn << 32 | seq % RQ_DEPTH),
-                              _WQE.pack(wr_id, seq, addr, lkey, length))
+        """Receive WQE number seq of the QP, into its ring (for tools and tests driving the
+        data path directly; the caller posts in order and keeps seq - consumed < entries)."""
+        ring = self.rqs.get(qpn) or self.create_rq(qpn)
+        ring.post(seq, wr_id, addr, lkey, length)
 
     def set_rd_slot(self, qpn: int, idx: int, *, wr_id: int, addr: int, length: int, lkey: int,
                     first_psn: int, kind: int) -> None:

@@ -16,7 +16,8 @@ from ..fastpath.xsk import _lib
 from ..verbs import (CQ, MR, PD, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC,
                      IBV_ACCESS_REMOTE_READ, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
                      IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
-                     IBV_WR_SEND, Context, QPCap, RecvWR, SendWR, wc_status_str)
+                     IBV_WR_SEND, Context, QPCap, RecvWR, SendWR, wait_for_completions,
+                     wc_status_str)
 from . import report
 
 TESTS = ("write-bw", "read-bw", "send-bw", "write-lat", "read-lat", "send-lat", "atomic-lat")
@@ -173,7 +174,7 @@ def _serve_send_bw(s: Side) -> None:
                 if c.qp.qp_num in open_conns and c.wait_disconnect(0):
                     open_conns.discard(c.qp.qp_num)
             if open_conns:
-                s.ctx._pump(0.001)
+                wait_for_completions([s.cq], 0.001)
             continue
         by_qp: dict[int, int] = {}
         for w in wcs:

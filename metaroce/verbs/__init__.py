@@ -10,14 +10,16 @@ CQ, QP (RC), work requests and completions named after rdma-core's ibv_* enums.
     qp.post_send(SendWR(opcode=IBV_WR_RDMA_WRITE, sg_list=[mr.sge()], remote_addr=..., rkey=...))
     wc = cq.wait()
 
-An application talks to the device's daemon over its control socket; registered memory is
-shared with the kernel data path (mr.buf is the application's writable view of it).
+An application talks to the device's daemon over its control socket for control verbs; the
+queues themselves are rings in memory shared with the daemon (posting and polling make no system
+call while the daemon is awake), and registered memory is shared with the kernel data path
+(mr.buf is the application's writable view of it).
 """
 
-from .api import (CQ, MR, PD, QP, AsyncEvent, Context, QPCap, QPInitAttr, RecvWR, SendWR, WC, WcError,
-                  wc_status_str)
+from .api import (CQ, MR, PD, QP, AsyncEvent, CompChannel, Context, QPCap, QPInitAttr, RecvWR,
+                  SendWR, WC, WcError, wait_for_completions, wc_status_str)
 from .enums import *  # noqa: F403
 from .enums import __all__ as _enums
 
-__all__ = ["Context", "PD", "MR", "CQ", "QP", "QPCap", "QPInitAttr", "SendWR", "RecvWR", "WC",
-           "WcError", "AsyncEvent", "wc_status_str", *_enums]
+__all__ = ["Context", "PD", "MR", "CQ", "CompChannel", "QP", "QPCap", "QPInitAttr", "SendWR", "RecvWR", "WC",
+           "WcError", "AsyncEvent", "wait_for_completions", "wc_status_str", *_enums]

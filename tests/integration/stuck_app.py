@@ -1,10 +1,11 @@
 """An application that stops reading its control socket. On a device it creates a PD, an MR, a
 CQ of 65536 entries (max_cqe) and a QP, prints the QP's attributes (one JSON line), reads its peer's
 (qpn, psn, ip, rkey, addr) from stdin, connects, prints "ready" and waits for a line "go".
-Then it posts small signaled WRITEs as fast as the socket takes the requests, writing them
-straight to the socket and never reading a reply or a completion again. When the daemon cuts
-it off (the socket breaks) it prints "cut off" and stays alive: what it held must be freed by
-the daemon, not by its exit."""
+Then, as fast as it can, it posts small signaled WRITEs into its send queue (shared memory;
+it never polls, so its CQ overruns in time and its QP goes to ERR) and sends control requests
+(query_qp) straight to the socket, never reading a reply, an event or a completion again. When
+the daemon cuts it off (the socket breaks) it prints "cut off" and stays alive: what it held
+must be freed by the daemon, not by its exit."""
 
 import json
 import sys
@@ -12,6 +13,7 @@ import time
 
 from verbs_util import ALL_ACCESS
 
+from metaroce.errors import MetaroceError
 from metaroce.verbs import CQ, MR, PD, QP, IBV_WR_RDMA_WRITE, Context, QPCap, QPInitAttr, SendWR
 
 WRS_PER_POST = 32
@@ -30,18 +32,23 @@ def main() -> None:
     print("ready", flush=True)
     assert sys.stdin.readline().strip() == "go"
     wrs = [SendWR(IBV_WR_RDMA_WRITE, wr_id=i, sg_list=[mr.sge(64 * i, 64)],
-                  remote_addr=peer["addr"] + 64 * i, rkey=peer["rkey"]).to_json()
+                  remote_addr=peer["addr"] + 64 * i, rkey=peer["rkey"])
            for i in range(WRS_PER_POST)]
-    n = 0
+    n = posts = 0
     t0 = time.monotonic()
     try:
-        while True:                      # requests only: never a read
+        while True:                      # posts and requests only: never a read
+            try:
+                qp.post_send(wrs)
+                posts += 1
+            except MetaroceError:
+                pass                     # its send queue is full, or its QP went to ERR
             n += 1
-            ctx._s.sendall((json.dumps({"op": "post_send", "id": 1 << 20 | n, "qpn": qp.qp_num,
-                                        "wrs": wrs}) + "\n").encode())
+            ctx._s.sendall((json.dumps({"op": "query_qp", "id": 1 << 20 | n,
+                                        "qpn": qp.qp_num}) + "\n").encode())
     except OSError as exc:
-        print(f"cut off after {n} posts in {time.monotonic() - t0:.2f} s "
-              f"({type(exc).__name__})", flush=True)
+        print(f"cut off after {n} requests and {posts * WRS_PER_POST} WRITEs in "
+              f"{time.monotonic() - t0:.2f} s ({type(exc).__name__})", flush=True)
     while True:
         time.sleep(1)
 

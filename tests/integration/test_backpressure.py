@@ -1,15 +1,16 @@
 """One application cannot stall a device for everyone (issue 18, section 4), on a real pair lab
 (daemons on h1 and h2):
 
-- an application on h2 that stops reading its control socket while it keeps posting WRITEs (its
-  replies and completions pile up unread) is cut off once the daemon holds more than
+- an application on h2 that stops reading its control socket while it keeps posting WRITEs into
+  its send queue and sending requests (their replies pile up unread; its CQ, never polled,
+  overruns) is cut off once the daemon holds more than
   MAX_OUTPUT_BYTES for it: its QP, CQ and MRs are reclaimed, its peer sees what it sees when an
   application dies, the daemon lives; meanwhile another application pair on the same two
   devices moves 256 MiB by WRITE and reads it back by READ (SHA-256 compared) in about the
   time it takes alone;
 - CQ overrun as in verbs: a CQ polled as completions come never overruns, however many more
-  than its cqe pass through it (including an application that only polls, whose daemon learns
-  its consumer index from doorbells); a CQ left unpolled overruns at cqe: IBV_EVENT_CQ_ERR and
+  than its cqe pass through it (including an application that only polls: the daemon reads its
+  consumer index in the shared ring); a CQ left unpolled overruns at cqe: IBV_EVENT_CQ_ERR and
   IBV_EVENT_QP_FATAL, its QP in ERR (the responder drops requests too), nothing queued beyond
   cqe, poll raises.
 """
@@ -180,7 +181,7 @@ def test_cq_overrun_as_in_verbs(lab):
             assert (w.wr_id, w.status) == (r << 8 | i, IBV_WC_SUCCESS)
     assert qp.query()["state"] == "RTS"
 
-    # an application that only polls (no request carries its consumer index): 256 receives
+    # an application that only polls (it makes no request at all): 256 receives
     # completed one at a time through a 16-entry CQ
     rcq = CQ(c2, 16)
     _, rmr, rqp = _qp(c2, cq, rcq, max_recv_wr=256)

@@ -1,9 +1,11 @@
 """Fuzzing the control socket (issue 9, parts 1 and 5): bad requests to a running daemon —
 bytes that are not JSON, JSON that is not an object, deep nesting, every op with fields of the
-wrong type or range, work requests of any shape on a live QP — each get an error reply with
-their id (or none when they have no id), and the daemon keeps serving. Work requests are checked
-further, against what verbs says they must do (wr_model.py), on a QP pair that is replaced
-whenever one took it to ERR, so that every example checks something."""
+wrong type or range — each get an error reply with their id (or none when they have no id), and
+the daemon keeps serving. Work requests of any shape, posted through the library into the QP's
+shared-memory rings (issue 19: they no longer travel on the control socket), are checked against
+what verbs says they must do (wr_model.py), on a QP pair that is replaced whenever one took it
+to ERR, so that every example checks something. (What an application writes into its rings
+directly, bypassing the library: tests/integration/test_hostile_app.py.)"""
 
 import base64
 import json
@@ -23,14 +25,16 @@ from metaroce.lab import core
 from metaroce.nic import daemon as d
 from metaroce.verbs import (CQ, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_READ, IBV_SEND_FENCE,
                             IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED,
-                            IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR, IBV_WR_RDMA_WRITE, MR, PD, QP,
+                            IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR, IBV_WR_RDMA_READ,
+                            IBV_WR_RDMA_WRITE, MR, PD, QP,
                             Context, QPInitAttr, RecvWR, SendWR)
 
-OPS = ["status", "query_device", "alloc_pd", "reg_mr", "dereg_mr", "create_cq", "create_qp",
-       "connect_qp", "query_qp", "destroy_qp", "post_send", "post_recv", "set_qp",
-       "create_endpoint", "destroy_endpoint", "list_endpoints", "nonsense", None]
+OPS = ["status", "query_device", "alloc_pd", "reg_mr", "dereg_mr", "create_cq", "destroy_cq",
+       "create_comp_channel", "destroy_comp_channel", "create_qp", "connect_qp", "query_qp",
+       "destroy_qp", "post_send", "post_recv", "set_qp", "create_endpoint", "destroy_endpoint",
+       "list_endpoints", "nonsense", None]
 FIELDS = ["pd", "length", "access", "key", "depth", "send_cq", "recv_cq", "cap", "qpn", "remote",
-          "attr", "wrs", "epsn", "dqpn", "mr_bytes", "persistent"]
+          "attr", "wrs", "epsn", "dqpn", "mr_bytes", "persistent", "cq", "cqe", "channel"]
 INTS = st.one_of(st.integers(-2**70, 2**70), st.sampled_from([0, 1, -1, 2**31, 2**32, 2**63,
                                                                2**64, 0xFFFFFF]))
 SCALARS = st.one_of(st.none(), st.booleans(), INTS, st.floats(allow_nan=True),
@@ -301,12 +305,30 @@ def rig(dev, module_lab_name):
     return Rig(a.ctx, b.ctx, ip_of(view, "h1"), ip_of(view, "h2"))
 
 
+def _wr(wr, recv: bool):
+    """A generated work request as the library's object (anything else as it is: the
+    library must refuse it)."""
+    if not isinstance(wr, dict) or set(wr) - set(WR_KEYS):
+        return wr                      # not a work request at all
+    if recv:
+        return RecvWR(**{k: v for k, v in wr.items() if k in ("wr_id", "sg_list")})
+    fields = {k: v for k, v in wr.items() if k != "inline"}
+    if "inline" in wr:
+        try:
+            fields["inline_data"] = base64.b64decode(wr["inline"], validate=True)
+        except (TypeError, ValueError):
+            fields["inline_data"] = wr["inline"]     # not bytes: the library must refuse it
+    return SendWR(**{"opcode": None, **fields})
+
+
 def _post(rig: Rig, op: str, wrs) -> str | None:
-    """The device's refusal, or None when it took the post."""
+    """The library's refusal, or None when it took the post."""
+    recv = op == "post_recv"
     try:
-        rig.ca.request(op, qpn=rig.qa.qp_num, wrs=wrs)
+        objs = [_wr(w, recv) for w in wrs] if isinstance(wrs, list) else wrs
+        (rig.qa.post_recv if recv else rig.qa.post_send)(objs)
     except MetaroceError as exc:
-        assert str(exc).startswith(f"{op}: "), exc       # an error reply, not a dead daemon
+        assert "closed the connection" not in str(exc), exc
         return str(exc)
     return None
 
@@ -464,20 +486,17 @@ def test_still_serving_after_the_fuzz(dev, module_lab_name):
 @pytest.mark.parametrize("wr_id", [-1, 2**64, 2**70])
 def test_out_of_range_wr_ids_on_valid_work_requests(dev, module_lab_name, wr_id):
     """Valid SGEs and keys, a wr_id no 64-bit field can hold: a READ (whose slot the daemon
-    writes into a BPF map when it is sent), a receive, a WRITE."""
+    writes into a BPF map when it is sent), a receive: refused, nothing posted."""
     device, a, b = dev
     view = core.LabView(module_lab_name)
     x, y = End(a.ctx, 65536), End(b.ctx, 65536)
     connect(x, y, ip_of(view, "h1"), ip_of(view, "h2"))
     sge = x.mr.sge(0, 64)
-    for op, wrs in (("post_recv", [{"wr_id": wr_id, "sg_list": [sge]}]),
-                    ("post_send", [{"opcode": "RDMA_READ", "wr_id": wr_id, "sg_list": [sge],
-                                    "remote_addr": y.mr.addr, "rkey": y.mr.rkey}])):
-        try:
-            x.ctx.request(op, qpn=x.qp.qp_num, wrs=wrs)
-        except Exception as exc:                  # refused is fine; a dead daemon is not
-            assert "went away" not in str(exc), exc
-        x.cq.poll(8)
-        import time
-        time.sleep(0.3)
+    for post in (lambda: x.qp.post_recv(RecvWR(wr_id=wr_id, sg_list=[sge])),
+                 lambda: x.qp.post_send(SendWR(IBV_WR_RDMA_READ, wr_id=wr_id, sg_list=[sge],
+                                               remote_addr=y.mr.addr, rkey=y.mr.rkey))):
+        with pytest.raises(MetaroceError, match="wr_id must fit 64 bits"):
+            post()
+        assert x.cq.poll(8) == []
         alive_and_serving(device, a, b)
+    assert x.qp.query()["state"] == "RTS"

@@ -298,7 +298,7 @@ def test_an_application_cannot_touch_another_applications_memory_or_qps(star):
                                           remote_addr=peer.mr.addr, rkey=peer.mr.rkey)),
             lambda: e.qp.post_recv(RecvWR(sg_list=[stolen])),
             lambda: evil.request("dereg_mr", key=a.mr.lkey),
-            lambda: evil.request("post_send", qpn=a.qp.qp_num, wrs=[]),
+            lambda: evil.request("destroy_cq", cq=a.cq.handle),
             lambda: evil.request("destroy_qp", qpn=a.qp.qp_num),
             lambda: evil.request("query_qp", qpn=a.qp.qp_num),
             lambda: evil.request("connect_qp", qpn=a.qp.qp_num, remote={}),

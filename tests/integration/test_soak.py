@@ -37,7 +37,7 @@ def test_quick_soak_write_send_under_loss_and_reordering():
     assert r["bytes_verified"] > 50 << 20 and r["ops"]["send"] > 1000
     assert r["drained"] is True
     for h in ("h1", "h2"):
-        assert r["leaks"][h] == {"map_entries": 0, "mr_maps": 0}
+        assert r["leaks"][h] == {"map_entries": 0, "mr_maps": 0, "rq_maps": 0}
         assert r["daemons"][h]["end"]["map_entries"] > r["daemons"][h]["before"]["map_entries"]
         assert r["rss_growth_kib"][h] <= r["rss_growth_limit_kib"]
     imp = r["impairment"]

@@ -130,6 +130,7 @@ def run_device(p: dict) -> dict:
     dev.ring, dev._evp = None, ffi.new("struct mr_nic_event **")
     dev.responses, dev.dirty_cqs, dev.overrun_cqs = deque(), set(), []
     dev.credits, dev.cqs, dev.mrs = None, {}, {}
+    dev.settle_qps = set()                      # the QP has no shared rings (qp.rings None)
     cq = Cq(1, None, 1 << 16)
     qp = D.Qp(0x11, None, 1, cq, cq, {"max_send_wr": 64})
     qp.metaroce, qp.pmtu, qp.state = True, p["mtu"], "RTS"

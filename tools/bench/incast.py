@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import select
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ from metaroce.lab.plan import parse_rate
 from metaroce.nic import daemon as d
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPCap, QPInitAttr,
-                            SendWR, wc_status_str)
+                            SendWR, wait_for_completions, wc_status_str)
 
 LAB = "bincast"
 MSG = 64 * 1024
@@ -159,7 +158,6 @@ def rdma_run(lab: Lab, n: int, mode: str, seconds: float) -> dict:
         end = t0 + seconds
         for i, (h, a, _) in enumerate(pairs):
             post(i, h, a, DEPTH)
-        socks = {lab.ctx[h]._s: h for h in senders}
         index = {h: i for i, h in enumerate(senders)}
         qp_of = {h: a for h, a, _ in pairs}
         next_sample = t0
@@ -175,9 +173,7 @@ def rdma_run(lab: Lab, n: int, mode: str, seconds: float) -> dict:
             if now >= next_sample:
                 backlog_max = max(backlog_max, lab.bottleneck()["backlog_bytes"])
                 next_sample = now + 0.1
-            ready, _, _ = select.select(list(socks), [], [], 0.05)
-            for s in ready:
-                lab.ctx[socks[s]]._pump(0)
+            wait_for_completions([lab.bufs[h][2] for h in senders], 0.05)
             for h in senders:
                 got = 0
                 for w in lab.bufs[h][2].poll(4 * DEPTH):

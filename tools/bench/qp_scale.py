@@ -93,14 +93,27 @@ def one(c1, c2, ip1, ip2, pids, n, seconds):
             "state_tables_bytes": {str(p): base[p][2] for p in pids}}
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"QP counts separated by commas, not {text!r}") from None
+    if not out or any(not 1 <= n <= 2048 for n in out):
+        raise argparse.ArgumentTypeError("each QP count 1 .. 2048")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="1, 16, 128 QPs, 3 runs of 2 s")
     g.add_argument("--full", action="store_true", help="1, 16, 128, 1024 QPs, 5 runs of 4 s")
+    ap.add_argument("--sizes", type=_sizes, default=None,
+                    help="QP counts to run, e.g. 1,1024 (default: by --quick / --full)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     sizes, runs, secs = ([1, 16, 128, 1024], 5, 4) if a.full else ([1, 16, 128], 3, 2)
+    sizes = a.sizes or sizes
     rows = []
     with two_hosts(LAB) as lab:
         pids = lab.pids

@@ -80,30 +80,97 @@ def qp_scale(doc) -> list[str]:
                    f"{r['responder_rss_kib_per_qp']:.1f} | {state} | "
                    f"{r['kernel_map_bytes_per_qp']:.0f} |")
     fixed = doc["rows"][-1].get("state_tables_fixed_bytes") if doc["rows"] else None
-    out += ["", "Small messages are bound by the posting path (one daemon round trip per "
-            "post_send, see the posting path's floor below), not by the number of QPs. The "
-            "kernel QP state is what the QP's entries in the data path's hash maps cost (fdinfo "
-            "memlock growth of the hash maps: QP state, next PSN; allocated per entry, "
-            "BPF_F_NO_PREALLOC)"
+    out += ["", "Posting is a write into the QP's send ring in shared memory (no daemon round "
+            "trip). The kernel QP state is what the QP's entry in the data path's hash map "
+            "costs (fdinfo memlock growth of the hash maps; allocated per entry, "
+            "BPF_F_NO_PREALLOC; the next PSN to send is a slot of a fixed array)"
             + (f"; the maps' bucket arrays are a fixed {fixed / 2**20:.1f} MiB for 4096 QPs of "
                "capacity" if fixed else "")
             + ". The last column adds the responder's registered memory for the QPs "
             "(64 KiB chunks), which is the application's buffer, not per-QP overhead; the "
             "responder's RSS per QP is that buffer too (32 KiB per QP here, mapped by its "
-            "daemon). With 1024 QPs the aggregate falls to about three quarters of one QP's: "
-            "the daemon's transmit round still visits every QP (a cheap skip for QPs with "
-            "nothing to send), and the requester application polls 2048 outstanding "
-            "completions through one CQ; an active-QP list in the daemon is the next step.", ""]
+            "daemon). The map bytes also hold each QP's receive queue ring (an mmap-able BPF "
+            "array the NIC reads receives from: one page for the one-entry receive queue of "
+            "this benchmark's QPs) and the daemons' RSS the pages of the send rings they have "
+            "touched (memfds: 8 entries of 512 bytes here).", ""]
     return out
 
 
 def daemon_rtt(doc) -> list[str]:
     r = doc["results"]
-    return ["### The posting path's floor", "",
+    return ["### A control verb's round trip", "",
             f"`sudo .venv/bin/python tools/bench/daemon_rtt.py` — {doc['machine']['host']}, "
             f"{doc['date']}; {doc['requests']} requests, median (min–max) of {doc['runs']} runs",
             "", "| application → daemon request round trip | p50 µs | p99 µs |", "|---|---|---|",
-            f"| answered at once | {g(r['p50_us'])} | {g(r['p99_us'])} |", ""]
+            f"| answered at once | {g(r['p50_us'])} | {g(r['p99_us'])} |", "",
+            "What a control verb (PD, MR, CQ and QP create/modify/destroy, connect, query) "
+            "costs over the daemon's socket; posting and polling no longer pay it (below).", ""]
+
+
+def verbs_queues(paths: dict) -> list[str]:
+    """Issue 19's numbers: system calls per post, post to wire, the cost of each step, the
+    busy-poll trade-off."""
+    out = ["### Verbs in shared memory", ""]
+    if "post_syscalls" in paths:
+        doc = paths["post_syscalls"]
+        r = doc["results"]
+        out += [where(doc) + ".", "",
+                f"System calls of an application per signalled 64-byte RDMA WRITE posted and "
+                f"completed one at a time ({doc['posts']} per run, median (min–max) of "
+                f"{doc['runs']} runs; counted by a BCC program on the sys_enter raw tracepoint). "
+                "Before the rings (issue 19): 3.06 socket system calls per post.", "",
+                "| waiting by | socket system calls per post | all system calls per post | "
+                "of which waits (select/poll) | doorbells rung per post | post → completion "
+                "p50 µs | p99 µs |", "|---|---|---|---|---|---|---|"]
+        for mode, label in (("poll", "spinning on CQ.poll"), ("wait", "CQ.wait (channel)")):
+            x = r[mode]
+            out.append(f"| {label} | {rng(x['socket_syscalls_per_post'])} | "
+                       f"{rng(x['syscalls_per_post'])} | {rng(x['wait_syscalls_per_post'])} | "
+                       f"{rng(x['doorbells_per_post'])} | {rng(x['post_to_completion_p50_us'])} "
+                       f"| {rng(x['post_to_completion_p99_us'])} |")
+        out += [""]
+    if "post_to_wire" in paths:
+        doc = paths["post_to_wire"]
+        r = doc["results"]
+        out += [where(doc) + ".", "",
+                "post_send to the first packet on the wire: one unsignaled 64-byte WRITE at a "
+                "time; CLOCK_MONOTONIC before the call against the frame's bpf_ktime_get_ns at "
+                "an XDP program on the receiving host (one lab switch hop away); the hop alone "
+                "is a frame sent with an AF_PACKET socket. Median (min–max) over "
+                f"{doc['runs']} runs of {doc['samples']} samples.", "",
+                "| series | p50 µs | p99 µs | of it: the post_send call, p50 µs |",
+                "|---|---|---|---|",
+                f"| posts 50 µs apart (the daemon polls its rings) | {rng(r['hot_p50_us'])} | "
+                f"{rng(r['hot_p99_us'])} | {rng(r['hot_call_p50_us'])} |",
+                f"| posts {doc['gap_ms']:g} ms apart (the daemon sleeps: a doorbell) | "
+                f"{rng(r['asleep_p50_us'])} | {rng(r['asleep_p99_us'])} | "
+                f"{rng(r['asleep_call_p50_us'])} |",
+                f"| the hop alone (AF_PACKET, no verbs) | {rng(r['hop_p50_us'])} | "
+                f"{rng(r['hop_p99_us'])} | |", ""]
+    if "verbs_steps" in paths:
+        doc = paths["verbs_steps"]
+        out += [where(doc) + ".", "",
+                f"Each step alone ({doc['calls']} calls, mean; median (min–max) of "
+                f"{doc['runs']} runs):", "", "| step | µs |", "|---|---|"]
+        out += [f"| {k} | {rng(v, 1, '{:.2f}')} |" for k, v in doc["results_us"].items()]
+        out += [""]
+    if "busy_poll" in paths:
+        doc = paths["busy_poll"]
+        out += [where(doc) + ".", "",
+                "The busy-poll bound: an application posts signalled 64-byte WRITEs one at a "
+                "time with a think time between them; both daemons of the pair with a fixed "
+                "bound (METAROCE_BUSY_POLL_US) or their adaptive one. Median (min–max) of "
+                f"{doc['runs']} runs of {doc['posts']} posts; CPU is both daemons' "
+                "(/proc/PID/schedstat).", "",
+                "| bound µs | think time µs | post → completion p50 µs | p99 µs | doorbells "
+                "per post | daemons' CPU µs per post |", "|---|---|---|---|---|---|"]
+        for b, by_gap in doc["results"].items():
+            for gap, x in by_gap.items():
+                out.append(f"| {b} | {gap} | {rng(x['p50_us'])} | {rng(x['p99_us'])} | "
+                           f"{rng(x['doorbells_per_post'], 1, '{:.2f}')} | "
+                           f"{rng(x['daemon_cpu_us_per_post'])} |")
+        out += [""]
+    return out
 
 
 def where(doc) -> str:
@@ -389,6 +456,13 @@ def main() -> int:
     path = os.path.join(HERE, "results", "bpf_build.json")
     if os.path.exists(path):
         lines += bpf_build(json.load(open(path)))
+    found = {}
+    for name in ("post_syscalls", "post_to_wire", "verbs_steps", "busy_poll"):
+        path = os.path.join(HERE, "results", f"{name}.json")
+        if os.path.exists(path):
+            found[name] = json.load(open(path))
+    if found:
+        lines += verbs_queues(found)
     path = os.path.join(HERE, "results", "daemon_rtt.json")
     if os.path.exists(path):
         lines += daemon_rtt(json.load(open(path)))
