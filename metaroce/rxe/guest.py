@@ -448,3 +448,39 @@ class Agent:
 
     def kill(self, pid: str) -> dict:
         return self.request({"op": "kill", "id": pid}, timeout=15)
+
+
+class RxeVerbs:
+    """Verbs on the guest's rxe0 (``guestfs/rxe_verbs.py``, pyverbs) through the agent: create
+    endpoints, connect them, post work requests, poll completions, read and write regions."""
+
+    def __init__(self, agent: Agent, name: str = "verbs"):
+        self.agent, self.name = agent, name
+        agent.spawn(name, ["python3", "/opt/metaroce/rxe_verbs.py"])
+        ready = json.loads(agent.call(name, None, timeout=60) or "{}")
+        if not ready.get("ready"):
+            raise GuestError(f"rxe_verbs did not start: {ready}")
+
+    def __call__(self, op: str, wait_s: float = 30.0, **req) -> dict:
+        line = self.agent.call(self.name, json.dumps({"op": op, **req}), timeout=wait_s)
+        if line is None:
+            raise GuestError(f"rxe_verbs: no answer to {op} in {wait_s} s")
+        rep = json.loads(line)
+        if "error" in rep:
+            raise GuestError(f"rxe_verbs {op}: {rep['error']}")
+        return rep
+
+    def poll(self, qpn: int, n: int = 1, timeout: float = 10.0) -> list:
+        return self("poll", wait_s=timeout + 10, qpn=qpn, n=n, timeout=timeout)["wcs"]
+
+    def read(self, qpn: int, offset: int, length: int) -> bytes:
+        return bytes.fromhex(self("read", qpn=qpn, offset=offset, length=length)["data"])
+
+    def write(self, qpn: int, offset: int, data: bytes) -> None:
+        self("write", qpn=qpn, offset=offset, data=data.hex())
+
+    def close(self) -> None:
+        try:
+            self.agent.kill(self.name)
+        except (GuestError, OSError):
+            pass
