@@ -105,7 +105,8 @@ def junit_xml(rep) -> str:
         tc = ET.SubElement(suite, "testcase", classname=f"conformance.{rep.mode}.{r.group}",
                            name=r.id, time=f"{r.seconds:.3f}")
         ET.SubElement(tc, "properties").extend(
-            [ET.Element("property", name="clauses", value=" ".join(r.clauses))])
+            [ET.Element("property", name="clauses", value=" ".join(r.clauses)),
+             ET.Element("property", name="endpoints", value=" ".join(r.endpoints))])
         if r.status == "failed":
             ET.SubElement(tc, "failure", message=f"{r.clause}: {r.message}"[:500],
                           type=r.clause).text = r.message
@@ -133,14 +134,18 @@ def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
     for r in rep.results:
         by_group.setdefault(r.group, []).append(r)
     for g, rs in by_group.items():
-        lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | result |", "|---|---|---|"]
+        lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | endpoint | result |",
+                  "|---|---|---|---|"]
         for r in rs:
             res = r.status if r.status not in ("failed", "warned") else \
                 f"**FAILED** {r.clause}: {r.message}" if r.status == "failed" else \
                 f"warning (SHOULD) {r.clause}: {r.message}"
             if r.status in ("skipped", "error"):
                 res += f": {r.message.splitlines()[0] if r.message else ''}"
-            lines.append(f"| `{r.id}` | {' '.join(r.clauses)} | {res.replace('|', '/')} |")
+            if r.retired:
+                res += f" (retired {'; '.join(r.retired)})"
+            lines.append(f"| `{r.id}` | {' '.join(r.clauses)} | {' '.join(r.endpoints) or '-'} | "
+                         f"{res.replace('|', '/')} |")
         lines.append("")
     lines += ["## Clause coverage", "",
               f"{cov['must_total']} MUST clauses: {cov['covered']} covered by tests, "

@@ -13,7 +13,9 @@ from .. import spec
 from .adapters import ALL_ACCESS, Adapter
 from .catalogue import Case, cases
 from .profiles import in_profile
-from .tester import Failure, Peer, Skip, Wire
+from .tester import Failure, Peer, Skip, Wire, is_nak, syndrome
+
+FATAL_NAKS = (0x61, 0x62, 0x63)     # invalid request, remote access, remote operational error
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Result:
     clause: str = ""            # the clause a failure names
     message: str = ""
     seconds: float = 0.0
+    endpoints: list = field(default_factory=list)   # the DUT QPNs the test ran on
+    retired: list = field(default_factory=list)     # those it left unusable, with the reason
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +107,37 @@ def _levels() -> dict[str, str]:
     return {c.id: c.level for c in spec.clauses()}
 
 
+def _settle(adapter: Adapter, ctx: Context, status: str, since: int) -> tuple[list, list]:
+    """After a test: the endpoints it ran on, and those it left unusable. An endpoint that got
+    a fatal NAK (its QP is in ERR) the test did not expect, or that a failed test left out of
+    step and that does not answer a resynchronisation, is retired: the adapter never hands it
+    out again and the next test takes a fresh one, so no failure is the consequence of an
+    earlier test."""
+    used, retired = [], []
+    for p in ctx.touched:
+        if p in used:
+            continue
+        used.append(p)
+        if p.broken:                       # the test drove it to ERR on purpose
+            retired.append(f"0x{p.ep.qpn:06x}: driven to ERR by the test")
+            continue
+        fatal = next((s.pkt for s in ctx.wire.log[since:] if s.pkt is not None
+                      and s.pkt.bth.dest_qp == p.ep.tester_qpn and is_nak(s.pkt)
+                      and syndrome(s.pkt) in FATAL_NAKS), None)
+        why = f"fatal NAK 0x{syndrome(fatal):02x} at PSN {fatal.bth.psn}" if fatal else None
+        if why is None and status in ("failed", "warned", "error"):
+            try:                           # a shared endpoint may be out of step now
+                ok = p.resync()
+            except Exception:  # noqa: BLE001
+                ok = False
+            why = None if ok else "no answer to a resynchronisation"
+        if why:
+            adapter.consumed(p.ep)
+            p.broken = True
+            retired.append(f"0x{p.ep.qpn:06x}: {why}")
+    return [f"0x{p.ep.qpn:06x}" for p in used], retired
+
+
 def run(adapter: Adapter, only: str | None = None, progress=None,
         profile: str | None = None) -> RunReport:
     rep = RunReport(adapter.name, adapter.mode)
@@ -126,6 +161,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
         for c in chosen:
             r = Result(c.id, c.group, list(c.clauses), c.title, "passed")
             s = time.monotonic()
+            since = len(wire.log)
             try:
                 c.fn(ctx)
             except Failure as f:
@@ -139,13 +175,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
                 r.clause = ""
                 tb = traceback.format_exc(limit=3)
                 r.message += "\n" + tb
-            if r.status in ("failed", "warned", "error"):
-                for p in ctx.touched:            # a shared endpoint may be out of step now
-                    if not p.broken:
-                        try:
-                            p.resync()
-                        except Exception:  # noqa: BLE001
-                            pass
+            r.endpoints, r.retired = _settle(adapter, ctx, r.status, since)
             ctx.touched = []
             r.seconds = round(time.monotonic() - s, 3)
             rep.results.append(r)

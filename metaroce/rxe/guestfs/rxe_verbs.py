@@ -3,16 +3,18 @@
 One JSON request per line on stdin, one JSON reply per line on stdout. Endpoints are RC QPs,
 each with its own PD, memory region and CQ, named by QPN:
 
-- create  {mr_bytes, access}                         -> {qpn, psn, rkey, addr, length, gid, mtu}
+- create  {mr_bytes, access, local_bytes?}          -> {qpn, psn, rkey, addr, length, gid}
+  (the QP allows every remote operation; the region's access flags are ``access``; with
+  local_bytes a second, local-only region holds what the endpoint's own requests send or read)
 - connect {qpn, remote: {qpn, psn, ip}, mtu?, timeout?, retry_cnt?, rnr_retry?, min_rnr_timer?,
            max_rd_atomic?}                           -> {ok}
 - post_send {qpn, opcode, wr_id, offset, length, remote_addr?, rkey?, compare_add?, swap?,
-             imm_data?}                              -> {ok}
+             imm_data?, local?}                      -> {ok}   (local: from the local region)
 - post_recv {qpn, wr_id, offset, length}             -> {ok}
 - poll    {qpn, n, timeout}                          -> {wcs: [{wr_id, status, opcode, byte_len,
                                                         imm_data}]}
-- read    {qpn, offset, length}                      -> {data (hex)}
-- write   {qpn, offset, data (hex)}                  -> {ok}
+- read    {qpn, offset, length, local?}              -> {data (hex)}
+- write   {qpn, offset, data (hex), local?}          -> {ok}
 - query   {qpn}                                      -> {state}
 - destroy {qpn}                                      -> {ok}
 
@@ -22,6 +24,7 @@ Errors are {"error": "..."}.
 import ipaddress
 import json
 import random
+import socket
 import sys
 import time
 
@@ -53,16 +56,20 @@ ctx = Context(name="rxe0")
 EPS = {}
 
 
+REMOTE_ALL = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC
+
+
 class Ep:
-    def __init__(self, mr_bytes, access):
+    def __init__(self, mr_bytes, access, local_bytes=0):
         self.pd = PD(ctx)
         self.mr = MR(self.pd, mr_bytes, access)
+        self.local = MR(self.pd, local_bytes, e.IBV_ACCESS_LOCAL_WRITE) if local_bytes else None
         self.cq = CQ(ctx, 4096)
         cap = QPCap(max_send_wr=1024, max_recv_wr=1024, max_send_sge=1, max_recv_sge=1)
         self.qp = QP(self.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap))
         self.psn = random.getrandbits(24)
         attr = QPAttr()
-        attr.qp_access_flags = access & 0xF
+        attr.qp_access_flags = REMOTE_ALL     # the region's flags decide (SEC-4)
         attr.pkey_index = 0
         attr.port_num = 1
         self.qp.to_init(attr)
@@ -76,7 +83,8 @@ def gid_text():
 def handle(r):
     op = r["op"]
     if op == "create":
-        ep = Ep(int(r.get("mr_bytes", 1 << 20)), int(r.get("access", 15)))
+        ep = Ep(int(r.get("mr_bytes", 1 << 20)), int(r.get("access", 15)),
+                int(r.get("local_bytes", 0)))
         EPS[ep.qp.qp_num] = ep
         return {"qpn": ep.qp.qp_num, "psn": ep.psn, "rkey": ep.mr.rkey, "addr": ep.mr.buf,
                 "length": ep.mr.length, "lkey": ep.mr.lkey, "gid": gid_text()}
@@ -104,9 +112,11 @@ def handle(r):
         return {"ok": True}
     if op == "post_send":
         n = int(r.get("length", 0))
-        sge = SGE(ep.mr.buf + int(r.get("offset", 0)), n, ep.mr.lkey)
+        mr = ep.local if r.get("local") else ep.mr
+        sge = SGE(mr.buf + int(r.get("offset", 0)), n, mr.lkey)
         wr = SendWR(wr_id=int(r.get("wr_id", 0)), opcode=OPS[r["opcode"]], num_sge=1, sg=[sge],
-                    send_flags=e.IBV_SEND_SIGNALED, imm_data=int(r.get("imm_data", 0)))
+                    send_flags=e.IBV_SEND_SIGNALED,
+                    imm_data=socket.htonl(int(r.get("imm_data", 0))))   # a __be32
         if r["opcode"].startswith("ATOMIC"):
             wr.set_wr_atomic(int(r["rkey"]), int(r["remote_addr"]), int(r.get("compare_add", 0)),
                              int(r.get("swap", 0)))
@@ -126,24 +136,28 @@ def handle(r):
             for w in wcs[:n]:
                 out.append({"wr_id": w.wr_id, "status": w.status,
                             "opcode": WC_OPS.get(w.opcode, str(w.opcode)),
-                            "byte_len": w.byte_len, "imm_data": w.imm_data})
+                            "byte_len": w.byte_len, "imm_data": socket.ntohl(w.imm_data)})
             if len(out) < want:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.0005)
         return {"wcs": out}
     if op == "read":
-        return {"data": ep.mr.read(int(r["length"]), int(r.get("offset", 0))).hex()}
+        mr = ep.local if r.get("local") else ep.mr
+        return {"data": mr.read(int(r["length"]), int(r.get("offset", 0))).hex()}
     if op == "write":
         data = bytes.fromhex(r["data"])
-        ep.mr.write(data, len(data), int(r.get("offset", 0)))
+        mr = ep.local if r.get("local") else ep.mr
+        mr.write(data, len(data), int(r.get("offset", 0)))
         return {"ok": True}
     if op == "query":
         attr, _ = ep.qp.query(e.IBV_QP_STATE)
         return {"state": STATES.get(attr.qp_state, str(attr.qp_state))}
     if op == "destroy":
         EPS.pop(ep.qp.qp_num)
-        for o in (ep.qp, ep.cq, ep.mr, ep.pd):
+        for o in (ep.qp, ep.cq, ep.mr, ep.local, ep.pd):
+            if o is None:
+                continue
             o.close()
         return {"ok": True}
     return {"error": f"unknown op {op!r}"}
