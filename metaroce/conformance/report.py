@@ -140,7 +140,7 @@ def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
             res = r.status if r.status not in ("failed", "warned") else \
                 f"**FAILED** {r.clause}: {r.message}" if r.status == "failed" else \
                 f"warning (SHOULD) {r.clause}: {r.message}"
-            if r.status in ("skipped", "error"):
+            if r.status in ("skipped", "error") or (r.status == "passed" and r.message):
                 res += f": {r.message.splitlines()[0] if r.message else ''}"
             if r.retired:
                 res += f" (retired {'; '.join(r.retired)})"

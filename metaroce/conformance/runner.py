@@ -71,6 +71,10 @@ class Context:
         self.metaroce = adapter.mode == "metaroce"
         self._peers: dict[int, Peer] = {}
         self.touched: list[Peer] = []
+        self.notes: list[str] = []      # what the DUT chose where a clause allows a choice
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
     def peer(self, *, fresh: bool = False, access: int = ALL_ACCESS,
              tester_psn: int | None = None) -> Peer:
@@ -176,7 +180,9 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
                 tb = traceback.format_exc(limit=3)
                 r.message += "\n" + tb
             r.endpoints, r.retired = _settle(adapter, ctx, r.status, since)
-            ctx.touched = []
+            if r.status == "passed" and ctx.notes:
+                r.message = "; ".join(ctx.notes)
+            ctx.touched, ctx.notes = [], []
             r.seconds = round(time.monotonic() - s, 3)
             rep.results.append(r)
             if progress:
