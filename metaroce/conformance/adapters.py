@@ -406,24 +406,28 @@ class RxeAdapter(Adapter):
     caps = frozenset({"memory", "recv", "post_send", "fresh", "psn"})
     claims = ("compat",)
 
-    def __init__(self, mode: str, mr_bytes: int = 1 << 20):
+    def __init__(self, mode: str, mr_bytes: int = 1 << 20, lab: str | None = None,
+                 tester_host: str = "h1"):
         super().__init__(mode)
         if mode != "roce":
             raise AdapterError("rxe is a RoCEv2 device: it has compat mode only (--mode roce, "
                                "--profile compat)")
         self.mr_bytes = mr_bytes
-        self.lab_name = None
+        self.lab_name = lab               # an existing lab whose guest runs (kept afterwards)
+        self.own_lab = lab is None
+        self.tester_host = tester_host    # a host without a MetaRoCE daemon on its eth0
         self.guest = self.agent = self.rv = None
 
     def open(self) -> TesterSide:
         from ..lab import core  # noqa: PLC0415
         from ..rxe import guest  # noqa: PLC0415
         try:
-            self.lab_name = f"cx{os.getpid() % 1000}{secrets.token_hex(2)}"
-            core.up(self.lab_name, "pair")
+            if self.own_lab:
+                self.lab_name = f"cx{os.getpid() % 1000}{secrets.token_hex(2)}"
+                core.up(self.lab_name, "pair")
             view = core.LabView(self.lab_name)
-            h1 = view.plan.node("h1")
-            self.guest = guest.up(self.lab_name)
+            h1 = view.plan.node(self.tester_host)
+            self.guest = guest.up(self.lab_name) if self.own_lab else guest.load(self.lab_name)
             self.agent = guest.Agent(self.guest)
             self.agent.open()
             self.rv = guest.RxeVerbs(self.agent)
@@ -444,7 +448,7 @@ class RxeAdapter(Adapter):
         if self.agent is not None:
             self.agent.close()
             self.agent = None
-        if self.lab_name:
+        if self.lab_name and self.own_lab:
             try:
                 guest.down(self.lab_name)
             finally:

@@ -137,9 +137,10 @@ def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
         lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | endpoint | result |",
                   "|---|---|---|---|"]
         for r in rs:
+            where = f" ({r.origin})" if r.origin else ""
             res = r.status if r.status not in ("failed", "warned") else \
-                f"**FAILED** {r.clause}: {r.message}" if r.status == "failed" else \
-                f"warning (SHOULD) {r.clause}: {r.message}"
+                f"**FAILED** {r.clause}{where}: {r.message}" if r.status == "failed" else \
+                f"warning (SHOULD) {r.clause}{where}: {r.message}"
             if r.status in ("skipped", "error") or (r.status == "passed" and r.message):
                 res += f": {r.message.splitlines()[0] if r.message else ''}"
             if r.retired:

@@ -28,6 +28,7 @@ class Result:
     clause: str = ""            # the clause a failure names
     message: str = ""
     seconds: float = 0.0
+    origin: str = ""            # where the failing clause comes from (spec 12.5): RoCEv2, ...
     endpoints: list = field(default_factory=list)   # the DUT QPNs the test ran on
     retired: list = field(default_factory=list)     # those it left unusable, with the reason
 
@@ -111,6 +112,11 @@ def _levels() -> dict[str, str]:
     return {c.id: c.level for c in spec.clauses()}
 
 
+def _origins() -> dict[str, str]:
+    from ..spec.profiles import origins  # noqa: PLC0415
+    return {k: v["origin"] for k, v in origins(spec.spec_dir())[0].items()}
+
+
 def _settle(adapter: Adapter, ctx: Context, status: str, since: int) -> tuple[list, list]:
     """After a test: the endpoints it ran on, and those it left unusable. An endpoint that got
     a fatal NAK (its QP is in ERR) the test did not expect, or that a failed test left out of
@@ -147,7 +153,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
     rep = RunReport(adapter.name, adapter.mode)
     t0 = time.monotonic()
     chosen = select(only, adapter.mode, profile)
-    levels = _levels()
+    levels, origins = _levels(), _origins()
     if not chosen:
         rep.error = f"no test matches --only {only!r} in {adapter.mode} mode" + \
             (f" and profile {profile}" if profile else "")
@@ -170,6 +176,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
                 c.fn(ctx)
             except Failure as f:
                 r.clause, r.message = f.clause, f.message
+                r.origin = origins.get(f.clause, "")
                 r.status = "failed" if levels.get(f.clause, "MUST") == "MUST" else "warned"
             except Skip as sk:
                 r.status, r.message = "skipped", str(sk)
