@@ -14,8 +14,11 @@ fi
 # iproute2: `ip netns exec` starts QEMU inside the lab switch's namespace
 PKGS=(qemu-system-x86 debootstrap iproute2)
 missing=()
+# (outputs are read whole before matching: with pipefail, `cmd | grep -q` fails when grep stops
+# reading early and cmd gets SIGPIPE)
 for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [ "$st" = "install ok installed" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
@@ -24,7 +27,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 fi
 # the image is keyed by the candidate versions apt knows: without package lists there are none
-if ! apt-cache policy linux-image-amd64 | grep -q 'Candidate: [0-9]'; then
+policy=$(apt-cache policy linux-image-amd64 2>/dev/null || true)
+if ! grep -q 'Candidate: [0-9]' <<<"$policy"; then
     say "apt has no package lists: apt-get update"
     apt-get update -q >&2
 fi
