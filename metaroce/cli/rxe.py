@@ -6,6 +6,7 @@ import click
 from ..errors import MetaroceError
 from ..system import require_root
 from .output import emit_json, json_option
+from .params import finite
 
 lab_option = click.option("--lab", "lab", default=None,
                           help="Lab whose switch the guest joins (default: the only lab up).")
@@ -30,8 +31,8 @@ def build(force, as_json):
     if as_json:
         emit_json(doc)
     else:
-        click.echo(f"image {doc['key']} in {doc['dir']} ({'cached' if doc['cached'] else 'built'}"
-                   f" in {doc['build_seconds']} s; kernel {doc['kernel_release']})")
+        click.echo(f"image {doc['key']} in {doc['dir']} ({'cached, ' if doc['cached'] else ''}"
+                   f"built in {doc['build_seconds']} s; kernel {doc['kernel_release']})")
 
 
 @rxe.command()
@@ -85,7 +86,8 @@ def status(lab, as_json):
 
 @rxe.command(name="exec", context_settings={"ignore_unknown_options": True})
 @lab_option
-@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60, show_default=True)
+@click.option("--timeout", type=finite(0.1, 3600), default=60, show_default=True,
+              help="Seconds the command may run.")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @json_option
 def exec_cmd(lab, timeout, argv, as_json):
