@@ -339,7 +339,7 @@ def _teardown(g: Guest) -> None:
     except Exception:  # noqa: BLE001
         pass
     for p in (record_path(g.lab), g.agent_path, RUN_DIR / f"{g.lab}.pid",
-              RUN_DIR / f"{g.lab}.lock"):
+              RUN_DIR / f"{g.lab}.lock", g.log_path):
         p.unlink(missing_ok=True)
 
 

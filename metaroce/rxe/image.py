@@ -72,11 +72,11 @@ def host_suite() -> str:
     return os.environ.get("METAROCE_RXE_SUITE") or (m.group(1) if m else "bookworm")
 
 
-def host_mirror(suite: str) -> str:
-    """The host's apt mirror that serves the suite's main component (deb822 or one-line)."""
+def host_mirror(suite: str, src: Path = Path("/etc/apt")) -> str:
+    """The host's apt mirror that serves the suite's main component (deb822 or one-line
+    sources under ``src``)."""
     if os.environ.get("METAROCE_RXE_MIRROR"):
         return os.environ["METAROCE_RXE_MIRROR"]
-    src = Path("/etc/apt")
     files = sorted((src / "sources.list.d").glob("*.sources")) + \
         sorted((src / "sources.list.d").glob("*.list")) + [src / "sources.list"]
     for f in files:
@@ -202,14 +202,15 @@ def _modinfo_depends(ko: Path) -> list[str]:
     return [d for d in (m.group(1).decode().split(",") if m else []) if d]
 
 
-def _install_modules(kernel: Path, root: Path, kver: str) -> list[str]:
-    """Copy MODULES and their dependencies (read from each module's .modinfo) into the rootfs
-    and index them with the rootfs's own depmod."""
-    src = kernel / "lib" / "modules" / kver
-    by_name = {}
-    for ko in src.rglob("*.ko*"):
-        by_name[ko.name.split(".ko")[0].replace("-", "_")] = ko
-    want, seen = list(MODULES), []
+def module_files(src: Path) -> dict[str, Path]:
+    """A kernel's module files under lib/modules/<release>, by module name ('-' as '_')."""
+    return {ko.name.split(".ko")[0].replace("-", "_"): ko for ko in src.rglob("*.ko*")}
+
+
+def module_closure(by_name: dict[str, Path], wanted) -> list[str]:
+    """The wanted modules and everything they depend on (each module's .modinfo "depends"),
+    leaving out those the kernel has built in (no file)."""
+    want, seen = list(wanted), []
     while want:
         name = want.pop().replace("-", "_")
         if name in seen:
@@ -219,6 +220,15 @@ def _install_modules(kernel: Path, root: Path, kver: str) -> list[str]:
             continue                    # built into the kernel
         seen.append(name)
         want.extend(_modinfo_depends(ko))
+    return seen
+
+
+def _install_modules(kernel: Path, root: Path, kver: str) -> list[str]:
+    """Copy MODULES and their dependencies (read from each module's .modinfo) into the rootfs
+    and index them with the rootfs's own depmod."""
+    src = kernel / "lib" / "modules" / kver
+    by_name = module_files(src)
+    seen = module_closure(by_name, MODULES)
     dst = root / "lib" / "modules" / kver
     for name in seen:
         ko = by_name[name]

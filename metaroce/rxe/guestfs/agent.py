@@ -132,12 +132,15 @@ def handle(req):
     return {"error": f"unknown op {op!r}"}
 
 
-def serve(path):
-    fd = os.open(path, os.O_RDWR)
+def serve(fd, reconnect=True):
+    """Answer requests on fd (the virtio port) until end of file; with reconnect (the port),
+    end of file means the host is not connected: wait for it instead of returning."""
     buf = b""
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:                   # the host is not connected
+            if not reconnect:
+                return
             buf = b""
             time.sleep(0.05)
             continue
@@ -168,7 +171,7 @@ def main():
     else:
         print("metaroce agent: no virtio port named " + PORT_NAME, file=sys.stderr)
         return 1
-    serve(path)
+    serve(os.open(path, os.O_RDWR))
     return 0
 
 
