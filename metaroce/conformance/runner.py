@@ -29,6 +29,8 @@ class Result:
     message: str = ""
     seconds: float = 0.0
     origin: str = ""            # where the failing clause comes from (spec 12.5): RoCEv2, ...
+    basis: str = ""             # what it rests on there (12.5's table: IBTA chapter, choice)
+    spec_text: str = ""         # the failing clause's normative text
     endpoints: list = field(default_factory=list)   # the DUT QPNs the test ran on
     retired: list = field(default_factory=list)     # those it left unusable, with the reason
 
@@ -108,13 +110,17 @@ def select(pattern: str | None, mode: str, profile: str | None = None) -> list[C
     return [c for c in chosen if hit(c)]
 
 
-def _levels() -> dict[str, str]:
-    return {c.id: c.level for c in spec.clauses()}
-
-
-def _origins() -> dict[str, str]:
+def _origins() -> dict[str, dict]:
     from ..spec.profiles import origins  # noqa: PLC0415
-    return {k: v["origin"] for k, v in origins(spec.spec_dir())[0].items()}
+    return origins(spec.spec_dir())[0]
+
+
+def _name_clause(r: Result, clause, origin: dict) -> None:
+    """A failure on a clause: its level decides failed (MUST) or warned (SHOULD); the result
+    carries where the clause comes from and its text, so a report says what it rests on."""
+    r.status = "failed" if clause is None or clause.level == "MUST" else "warned"
+    r.origin, r.basis = origin.get("origin", ""), origin.get("basis", "")
+    r.spec_text = " ".join(clause.normative.split()) if clause is not None else ""
 
 
 def _settle(adapter: Adapter, ctx: Context, status: str, since: int) -> tuple[list, list]:
@@ -153,7 +159,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
     rep = RunReport(adapter.name, adapter.mode)
     t0 = time.monotonic()
     chosen = select(only, adapter.mode, profile)
-    levels, origins = _levels(), _origins()
+    clauses, origins = {c.id: c for c in spec.clauses()}, _origins()
     if not chosen:
         rep.error = f"no test matches --only {only!r} in {adapter.mode} mode" + \
             (f" and profile {profile}" if profile else "")
@@ -176,8 +182,7 @@ def run(adapter: Adapter, only: str | None = None, progress=None,
                 c.fn(ctx)
             except Failure as f:
                 r.clause, r.message = f.clause, f.message
-                r.origin = origins.get(f.clause, "")
-                r.status = "failed" if levels.get(f.clause, "MUST") == "MUST" else "warned"
+                _name_clause(r, clauses.get(f.clause), origins.get(f.clause, {}))
             except Skip as sk:
                 r.status, r.message = "skipped", str(sk)
             except Exception as exc:  # noqa: BLE001 (a broken DUT may break the tester's flow)
