@@ -744,10 +744,13 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
         return RX_MALFORMED;
     u32 len = l4 - hdrs - pad - ICRC_LEN;
     /* a READ re-requested from its first missing response (RESP-4 allows a duplicate READ to
-     * start inside the original response) restarts there with a FIRST/ONLY: keep what came */
+     * start inside the original response) restarts there with a FIRST/ONLY: keep what came.
+     * A responder may also continue the original response instead (MIDDLE/LAST from there, as
+     * Linux rxe does, SEQ-4): after a reported gap that is taken at rd_psn too */
     int resume = first && qp->rd_state && psn == qp->rd_psn && psn != sl->first_psn;
+    int cont = !first && (qp->rd_state == 1 || (qp->rd_state == 2 && psn == qp->rd_psn));
     u32 expect = first && !resume ? sl->first_psn : qp->rd_psn;
-    if (psn != expect || (!first && qp->rd_state != 1)) {
+    if (psn != expect || (!first && !cont)) {
         u32 npk = (sl->length + (qp->pmtu ? qp->pmtu : 1024) - 1) / (qp->pmtu ? qp->pmtu : 1024);
         u32 ahead = (psn - sl->first_psn) & PSN_MASK;
         if (ahead < npk && qp->rd_state != 2) {   /* a response inside this READ was lost */

@@ -19,8 +19,9 @@ def conformance():
 
 
 @conformance.command(name="run")
-@click.option("--dut", "adapter", type=click.Choice(["reference", "manual"]), required=True,
-              help="reference: our daemon in a lab it creates; manual: endpoints described by "
+@click.option("--dut", "adapter", type=click.Choice(["reference", "rxe", "manual"]), required=True,
+              help="reference: our daemon in a lab it creates; rxe: Linux Soft-RoCE in a QEMU "
+                   "guest on a lab it creates (compat mode only); manual: endpoints described by "
                    "--description.")
 @click.option("--mode", type=click.Choice(["roce", "metaroce"]), default=None,
               help="Connection mode to test (default roce). Not with --profile.")
@@ -88,13 +89,16 @@ def run_cmd(adapter, mode, profile, desc, only, report_dir, as_json):
 
 def _run_mode(adapter, mode, desc, only, profile, as_json):
     """One mode's run; an adapter that cannot be made is a report with its error."""
-    from ..conformance.adapters import AdapterError, ManualAdapter, ReferenceAdapter  # noqa: PLC0415
+    from ..conformance.adapters import (AdapterError, ManualAdapter,  # noqa: PLC0415
+                                       ReferenceAdapter, RxeAdapter)
     from ..conformance.runner import RunReport, run  # noqa: PLC0415
     try:
         if adapter == "manual":
             if not desc:
                 raise AdapterError("--dut manual needs --description FILE")
             dut = ManualAdapter(mode, desc)
+        elif adapter == "rxe":
+            dut = RxeAdapter(mode)
         else:
             dut = ReferenceAdapter(mode)
     except AdapterError as exc:

@@ -226,12 +226,26 @@ def t_pad(t):
     _silent_drop(t, peer, empty_pad, "WIRE-10", "WRITE_ONLY without data, PadCnt 3")
 
     def unaligned():                # WRITE_ONLY whose data after the headers is 6 bytes
-        [f], _ = _probe_write(t, peer, n=8)
+        # (its DMA Length says 6 too: only the alignment is wrong, not RESP-15's lengths)
+        [f], _ = _probe_write(t, peer, n=8, dma_len=6)
         l3 = bytearray(f[14:-4])[:-2]                     # drop 2 payload bytes
         struct.pack_into("!H", l3, 2, len(l3) + 4)        # IPv4 total length
         struct.pack_into("!H", l3, 24, len(l3) + 4 - 20)  # UDP length
         return reicrc(fix_ipv4_checksum(bytes(f[:14] + l3 + b"\0\0\0\0")))
-    _silent_drop(t, peer, unaligned, "WIRE-10", "WRITE_ONLY with 6 data bytes", n=8)
+    if t.metaroce:
+        _silent_drop(t, peer, unaligned, "WIRE-10", "WRITE_ONLY with 6 data bytes", n=8)
+        return
+    # compat: silent, or (a permission WIRE-10 takes from IBTA's length errors) NAK 0x61, fatal
+    before = dut_bytes(t, peer, 256, 8)
+    e = peer.psn
+    got = peer.exchange(unaligned(), until=lambda ps: bool(ps), timeout=SILENCE_S)
+    if not got:
+        untouched(t, peer, 256, before, "WIRE-10", "WRITE_ONLY with 6 data bytes")
+        still_works(peer, "WIRE-10", "WRITE_ONLY with 6 data bytes")
+        return
+    fatal_reply(t, peer, got, 1, e, "WIRE-10", "WRITE_ONLY with 6 data bytes (answered)")
+    t.note("WIRE-10: a WRITE_ONLY with 6 data bytes was answered NAK 0x61 (fatal), the "
+           "permitted alternative to a silent drop")
 
 
 @case("hdr.truncated", "WIRE-6 SEC-5 ERR-2")
@@ -878,7 +892,18 @@ def t_invalidate(t):
         raise Skip("the DUT implements send with invalidate but has no receive posted")
     if peer.covering_ack(got, e):                                    # implemented
         peer.advance(1, recv=True)
+        wc = None
+        if "recv" in t.adapter.caps:
+            wc = t.adapter.completions(peer.ep, 1, timeout=1.0)[0]
         after = peer.write_frames(peer.ep.addr, b"key gone?".ljust(16, b"."))
+        if wc is not None and wc.status != 0:     # IBTA class J: acknowledged, then ERR
+            peer.silence(after, "HDR-15", f"a WRITE after a SEND with invalidate whose "
+                         f"receive completed with status {wc.status} (the QP is in ERR)")
+            t.adapter.consumed(peer.ep)
+            peer.broken = True
+            t.note(f"HDR-15: the key was not invalidated; the SEND was acknowledged, its receive "
+                   f"completed with status {wc.status} and the QP entered ERR (class J)")
+            return
         got = peer.exchange(after, until=lambda ps: bool(ps))
         fatal_reply(t, peer, got, 2, peer.psn, "HDR-15", "a WRITE with the invalidated key")
         return

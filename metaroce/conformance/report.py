@@ -105,16 +105,18 @@ def junit_xml(rep) -> str:
         tc = ET.SubElement(suite, "testcase", classname=f"conformance.{rep.mode}.{r.group}",
                            name=r.id, time=f"{r.seconds:.3f}")
         ET.SubElement(tc, "properties").extend(
-            [ET.Element("property", name="clauses", value=" ".join(r.clauses))])
+            [ET.Element("property", name="clauses", value=" ".join(r.clauses)),
+             ET.Element("property", name="endpoints", value=" ".join(r.endpoints))])
         if r.status == "failed":
             ET.SubElement(tc, "failure", message=f"{r.clause}: {r.message}"[:500],
-                          type=r.clause).text = r.message
+                          type=r.clause).text = f"{r.message}\n{r.clause}: {r.spec_text}"
         elif r.status == "error":
             ET.SubElement(tc, "error", message=r.message.split("\n")[0][:500]).text = r.message
         elif r.status == "skipped":
             ET.SubElement(tc, "skipped", message=r.message)
         elif r.status == "warned":              # a SHOULD clause not met: reported, not failed
-            ET.SubElement(tc, "system-err").text = f"SHOULD not met, {r.clause}: {r.message}"
+            ET.SubElement(tc, "system-err").text = \
+                f"SHOULD not met, {r.clause}: {r.message}\n{r.clause}: {r.spec_text}"
     if rep.error:
         tc = ET.SubElement(suite, "testcase", classname="conformance", name="setup")
         ET.SubElement(tc, "error", message=rep.error)
@@ -133,15 +135,21 @@ def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
     for r in rep.results:
         by_group.setdefault(r.group, []).append(r)
     for g, rs in by_group.items():
-        lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | result |", "|---|---|---|"]
+        lines += [f"## {GROUPS.get(g, g)}", "", "| test | clauses | endpoint | result |",
+                  "|---|---|---|---|"]
         for r in rs:
+            where = f" ({r.origin})" if r.origin else ""
             res = r.status if r.status not in ("failed", "warned") else \
-                f"**FAILED** {r.clause}: {r.message}" if r.status == "failed" else \
-                f"warning (SHOULD) {r.clause}: {r.message}"
-            if r.status in ("skipped", "error"):
+                f"**FAILED** {r.clause}{where}: {r.message}" if r.status == "failed" else \
+                f"warning (SHOULD) {r.clause}{where}: {r.message}"
+            if r.status in ("skipped", "error") or (r.status == "passed" and r.message):
                 res += f": {r.message.splitlines()[0] if r.message else ''}"
-            lines.append(f"| `{r.id}` | {' '.join(r.clauses)} | {res.replace('|', '/')} |")
+            if r.retired:
+                res += f" (retired {'; '.join(r.retired)})"
+            lines.append(f"| `{r.id}` | {' '.join(r.clauses)} | {' '.join(r.endpoints) or '-'} | "
+                         f"{res.replace('|', '/')} |")
         lines.append("")
+    lines += rests_on_md(rep.results)
     lines += ["## Clause coverage", "",
               f"{cov['must_total']} MUST clauses: {cov['covered']} covered by tests, "
               f"{cov['not_testable']} not testable on the wire"
@@ -152,6 +160,21 @@ def summary_md(rep, cov: dict, title: str = "MetaRoCE conformance run") -> str:
         if "not_testable" in v:
             lines.append(f"| {cid} | {v['not_testable']} |")
     return "\n".join(lines) + "\n"
+
+
+def rests_on_md(results) -> list[str]:
+    """Each failure and warning with the clause it names: its level, where it comes from and on
+    what (spec 12.5), and its text."""
+    named = [r for r in results if r.status in ("failed", "warned")]
+    if not named:
+        return []
+    lines = ["## What the failures and warnings rest on", ""]
+    for r in named:
+        what = "fails" if r.status == "failed" else "warns (SHOULD)"
+        src = f" — {r.origin}" + (f": {r.basis}" if r.basis else "") if r.origin else ""
+        lines += [f"- `{r.id}` {what} on **{r.clause}**{src}.",
+                  f"  > {r.spec_text or '(the clause is not in this specification)'}", ""]
+    return lines
 
 
 def write(rep, directory: str) -> dict:

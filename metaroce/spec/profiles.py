@@ -72,6 +72,7 @@ def listed(root: Path) -> tuple[dict[str, list[str]], list[str]]:
 
 def check(root: Path, clauses) -> list[str]:
     lists, problems = listed(root)
+    problems += check_origins(root, clauses)
     for p in PROFILES:
         own = [c.id for c in clauses if c.profile == p.tag]
         if p.key not in lists:
@@ -84,6 +85,60 @@ def check(root: Path, clauses) -> list[str]:
             problems.append(f"{FILE}: profile {p.key}: listed but not tagged {p.tag}: "
                             f"{', '.join(extra) or '-'}; tagged {p.tag} but not listed: "
                             f"{', '.join(missing) or '-'}")
+    return problems
+
+
+ORIGINS = ("RoCEv2", "RoCEv2 choice", "MetaRoCE", "document")
+_ORIGIN_HEAD = "## 12.5 "
+_ORIGIN_ROW = re.compile(r"^\| (?P<id>[A-Z]+-\d+) \| (?P<level>[A-Z]+) \| (?P<origin>[^|]+?) \| "
+                         r"(?P<basis>[^|]+?) \|\s*$")
+
+
+def origins(root: Path) -> tuple[dict[str, dict], list[str]]:
+    """{clause id: {"origin", "basis", "level"}} from section 12.5 (where each Compat clause
+    comes from: RoCEv2, a choice RoCEv2 allows, MetaRoCE, or the document), and problems."""
+    path = root / FILE
+    out: dict[str, dict] = {}
+    problems: list[str] = []
+    inside = False
+    if not path.is_file():
+        return out, problems           # (listed() reports the missing document)
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("## "):
+            inside = line.startswith(_ORIGIN_HEAD)
+            continue
+        m = _ORIGIN_ROW.match(line) if inside else None
+        if not m:
+            continue
+        if m["origin"] not in ORIGINS:
+            problems.append(f"{FILE}:{n}: {m['id']}: origin {m['origin']!r} is not one of "
+                            f"{', '.join(ORIGINS)}")
+        if m["id"] in out:
+            problems.append(f"{FILE}:{n}: {m['id']} listed twice in 12.5")
+        out[m["id"]] = {"origin": m["origin"], "basis": m["basis"], "level": m["level"]}
+    return out, problems
+
+
+def check_origins(root: Path, clauses) -> list[str]:
+    """Every Compat clause has an origin, with its level; no MUST clause asks more than RoCEv2
+    (PROF-3)."""
+    if not (root / FILE).is_file():
+        return []
+    table, problems = origins(root)
+    compat = {c.id: c for c in clauses if c.profile == BY_KEY["compat"].tag}
+    for cid, c in compat.items():
+        row = table.get(cid)
+        if row is None:
+            problems.append(f"{FILE}: {cid} (Compat) has no origin in section 12.5")
+            continue
+        if row["level"] != c.level:
+            problems.append(f"{FILE}: 12.5 gives {cid} level {row['level']}, the clause is "
+                            f"{c.level}")
+        if c.level == "MUST" and row["origin"] == "MetaRoCE":
+            problems.append(f"{FILE}: {cid} is a MUST clause marked MetaRoCE: PROF-3 makes an "
+                            f"addition to RoCEv2 a SHOULD clause or a Base one")
+    problems += [f"{FILE}: 12.5 lists {cid}, which is not a Compat clause"
+                 for cid in table if cid not in compat]
     return problems
 
 

@@ -82,3 +82,26 @@ def test_profile_results_fold_the_modes_together():
     assert "roce:hdr.icrc" in table["multipath"]["tests"]
     md = report.profiles_md(table)
     assert "MetaRoCE-Base (`base`) | **FAIL**" in md and "Compat-only (`compat`) | **pass**" in md
+
+
+def test_a_failure_names_its_clause_origin_and_text():
+    """A report's failure or warning says what it rests on: the clause, where it comes from
+    (spec 12.5) and the clause's own text, in summary.md and junit.xml."""
+    from metaroce.conformance.runner import Result, RunReport, _name_clause, _origins
+    clauses, origins = {c.id: c for c in spec.clauses()}, _origins()
+    fail = Result("imm.oversize", "imm", ["SEQ-2"], "", "passed", "SEQ-2", "NAK 0x63")
+    _name_clause(fail, clauses["SEQ-2"], origins["SEQ-2"])
+    warn = Result("rnr.nak", "rnr", ["RESP-17"], "", "passed", "RESP-17", "a NAK 0x60")
+    _name_clause(warn, clauses["RESP-17"], origins["RESP-17"])
+    assert (fail.status, fail.origin, warn.status, warn.origin) == \
+        ("failed", "RoCEv2", "warned", "MetaRoCE")
+    assert "IBTA" in fail.basis and "longer than the receive buffer" in fail.spec_text
+    assert "\n" not in fail.spec_text and "Test:" not in fail.spec_text
+    rep = RunReport("x", "roce", results=[fail, warn, Result("hdr.icrc", "hdr", [], "",
+                                                              "passed")])
+    md = report.summary_md(rep, report.coverage(rep.results))
+    part = md.split("## What the failures and warnings rest on")[1].split("## Clause")[0]
+    assert "`imm.oversize` fails on **SEQ-2** — RoCEv2: IBTA" in part
+    assert f"> {fail.spec_text}" in part and "`rnr.nak` warns (SHOULD) on **RESP-17**" in part
+    assert "hdr.icrc" not in part
+    assert "longer than the receive buffer" in report.junit_xml(rep)

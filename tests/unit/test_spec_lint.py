@@ -165,3 +165,20 @@ def test_cli_lists_a_profiles_clauses(capsys):
     assert main(["spec", "clauses", "--profile", "credit", "--json"]) == 0
     credit = {d["profile"] for d in json.loads(capsys.readouterr().out)}
     assert credit == {"Compat", "Base", "CREDIT"}
+
+
+def test_every_compat_clause_says_where_it_comes_from(tmp_path):
+    """Section 12.5: each Compat clause is RoCEv2, a RoCEv2 choice, MetaRoCE or the document;
+    a MUST clause is never a MetaRoCE addition (PROF-3)."""
+    from metaroce.spec import profiles
+    table, problems = profiles.origins(spec.spec_dir())
+    compat = {c.id for c in spec.clauses() if c.profile == "Compat"}
+    assert problems == [] and set(table) == compat
+    assert {r["origin"] for r in table.values()} <= set(profiles.ORIGINS)
+    assert table["RESP-12"]["origin"] == "RoCEv2" and table["RESP-17"]["origin"] == "MetaRoCE"
+    root = _copy_spec(tmp_path)
+    _edit(root / "12-conformance.md", "| RESP-12 | MUST | RoCEv2 |", "| RESP-12 | MUST | MetaRoCE |")
+    _edit(root / "12-conformance.md", "| VER-1 | MUST | RoCEv2 | IBTA ch. 9: TVer 0 |\n", "")
+    text = "\n".join(spec.lint(root))
+    assert "RESP-12 is a MUST clause marked MetaRoCE" in text
+    assert "VER-1 (Compat) has no origin in section 12.5" in text
