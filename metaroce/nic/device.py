@@ -1144,9 +1144,32 @@ class Device:
 
     # ---- transmit ----------------------------------------------------------------------
 
+    @staticmethod
+    def _behind_a_read(qp: Qp, w: SendWqe) -> bool:
+        """A WRITE or atomic whose remote bytes overlap those of an earlier READ still waiting
+        for its responses. The responder's kernel places a WRITE (and executes an atomic) on
+        arrival, but builds a READ's responses from memory later, in its daemon: sent now, the
+        WRITE could change bytes the READ must return as they were before it (RESP-10: a
+        responder executes in PSN order). Such a WR waits, with everything posted after it,
+        until the READ has its data (what a fence does, for overlapping bytes only).
+        test_control_fuzz found it: READ 124 bytes from X, then WRITE 1 byte at X + 117."""
+        if not qp.rd_open or w.kind not in (MSG_WRITE, MSG_CMP_SWAP, MSG_FETCH_ADD):
+            return False
+        lo = int(w.msg.va)
+        hi = lo + (int(w.msg.len) if w.kind == MSG_WRITE else 8)
+        if hi == lo:
+            return False
+        for x in qp.sq:
+            if x.kind == MSG_READ_REQ and not x.done and x.msg.rkey == w.msg.rkey and \
+                    int(x.msg.va) < hi and lo < int(x.msg.va) + int(x.msg.len):
+                return True
+        return False
+
     def _assign(self, qp: Qp) -> None:
         while qp.pending:
             w = qp.pending[0]
+            if self._behind_a_read(qp, w):
+                return
             if w.kind in (MSG_READ_REQ, MSG_CMP_SWAP, MSG_FETCH_ADD):
                 if qp.rd_open >= RD_DEPTH:
                     return
