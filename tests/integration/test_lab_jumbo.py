@@ -94,6 +94,21 @@ def test_largest_datagrams_arrive_whole_and_are_counted_whole(jumbo, src, dst):
     assert frames * FRAME <= sent < frames * FRAME + 4096, sent
 
 
+def test_leaf_spine_routes_the_largest_datagrams_over_both_spines(lab_name):
+    """Routed hops (leaves and spines) at MTU 9000: native everywhere, datagrams whole."""
+    core.up(lab_name, "leaf-spine", 4, mtu=MTU)
+    view = core.LabView(lab_name)
+    assert view.record["xdp_mode"] == "native" and view.record["forwarding"] == "stack"
+    for family, size in ((socket.AF_INET, SIZE), (socket.AF_INET6, MTU - 48)):
+        for sport in (40000, 40001, 40002, 40003):
+            res = run_flow(view.plan.node("h1").netns, view.plan.node("h4").netns,
+                           _ip(view, "h4", family), 40, size=size, family=family, sport=sport,
+                           flush=1)
+            assert res.unique == 40 and res.bytes == 40 * size, (family, sport, res)
+    links = {l["name"]: l["counters"] for l in view.status()["links"]}
+    assert all(links[f"leaf1-spine{s}"]["a-b"]["rx_packets"] > 0 for s in (1, 2))
+
+
 N = 2000
 P = 0.10
 
