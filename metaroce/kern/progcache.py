@@ -261,7 +261,7 @@ def prog_load(name: str, prog_type: int, insns: bytes, license: str = "GPL",
     if fd >= 0:
         return fd
     tail = log.value.decode(errors="replace")[-4000:]
-    raise MetaroceError(f"loading cached BPF program {name} failed: {os.strerror(err)}\n{tail}")
+    raise MetaroceError(f"loading BPF program {name} through libbpf failed: {os.strerror(err)}\n{tail}")
 
 
 def load_kind(name: str, kind: str, insns: bytes, license: str = "GPL") -> int:
