@@ -3,7 +3,7 @@ VENV   ?= $(CURDIR)/.venv
 PY     := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-unit test-integration bench clean fuzz fuzz-wire soak
+.PHONY: setup demo test test-unit test-integration bench clean fuzz fuzz-wire soak rxe-setup test-rxe
 
 setup:
 	@bash tools/setup.sh
@@ -19,6 +19,15 @@ test-unit: setup
 
 test-integration: setup
 	$(PYTEST) -q tests/integration
+
+# the rxe peer (Linux Soft-RoCE in a QEMU guest): host tools and the guest image (built once from
+# Debian packages, cached in /var/cache/metaroce/rxe-guest), then the interop tests and the
+# conformance suite against it (tests/rxe; make test does not collect them)
+rxe-setup: setup
+	@bash tools/rxe-peer/setup.sh
+
+test-rxe: rxe-setup
+	$(PYTEST) -q tests/rxe
 
 fuzz: setup
 	$(VENV)/bin/metaroce fuzz --packets 1000000
@@ -45,6 +54,7 @@ bench: setup
 	$(PY) tools/bench/incast.py --quick
 	$(PY) tools/bench/multipath.py --quick
 	$(PY) tools/bench/sim_scale.py --quick --jobs 2
+	$(PY) tools/bench/engine_cost.py --quick
 	$(PY) tools/bench/allreduce.py --hosts 3 --quick
 	$(PY) tools/bench/report.py
 

@@ -99,5 +99,11 @@ if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" "$ROOT/bpf/nic/nic
     say "building the fast-path C helpers (cffi)"
     "$VENV/bin/python" -m metaroce.fastpath.build >&2
 fi
+# the transport engine in C (cffi, API mode), rebuilt when its sources change
+ce=$ROOT/metaroce/cengine
+if ! ls "$ce"/_mre.*.so >/dev/null 2>&1 || [ -n "$(find "$ce" \( -name '*.c' -o -name '*.h' -o -name build.py \) ! -name '_mre.c' -newer "$(ls "$ce"/_mre.*.so | head -n1)")" ]; then
+    say "building the transport engine (cffi)"
+    "$VENV/bin/python" -m metaroce.cengine.build >&2
+fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null || { echo "setup: the venv cannot import bcc (install python3-bpfcc)" >&2; exit 1; }
 say "ready ($VENV)"

@@ -399,7 +399,10 @@ static __always_inline u32 on_write(struct xdp_md *ctx, const struct roce_pkt *r
         rkey = qp->wr_rkey;
         left = qp->wr_left;
     }
-    if (len > left || (ends && len != left))     /* payload and DMA length disagree */
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    /* payload and DMA length disagree, or the segmentation is not the MTU's (RESP-15): FIRST
+     * and MIDDLE carry exactly the MTU and leave more to come, nothing carries more */
+    if (len > left || (ends && len != left) || len > pmtu || (!ends && (len != pmtu || left <= pmtu)))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     struct recv_wqe wqe = {};
     int have = 0;
@@ -473,6 +476,9 @@ static __always_inline u32 on_send(struct xdp_md *ctx, const struct roce_pkt *rp
         qp->nak_sent = 1;            /* the gap behind an RNR NAK is not NAKed again (RESP-6) */
         return RX_RNR;
     }
+    u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
+    if (len > pmtu || (!ends && len != pmtu) || (ends && !first && !len))   /* RESP-15 */
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     if (first)
         qp->send_off = 0;
     if (qp->send_off + len > w->length) {        /* longer than the receive buffer */
@@ -738,10 +744,13 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
         return RX_MALFORMED;
     u32 len = l4 - hdrs - pad - ICRC_LEN;
     /* a READ re-requested from its first missing response (RESP-4 allows a duplicate READ to
-     * start inside the original response) restarts there with a FIRST/ONLY: keep what came */
+     * start inside the original response) restarts there with a FIRST/ONLY: keep what came.
+     * A responder may also continue the original response instead (MIDDLE/LAST from there, as
+     * Linux rxe does, SEQ-4): after a reported gap that is taken at rd_psn too */
     int resume = first && qp->rd_state && psn == qp->rd_psn && psn != sl->first_psn;
+    int cont = !first && (qp->rd_state == 1 || (qp->rd_state == 2 && psn == qp->rd_psn));
     u32 expect = first && !resume ? sl->first_psn : qp->rd_psn;
-    if (psn != expect || (!first && qp->rd_state != 1)) {
+    if (psn != expect || (!first && !cont)) {
         u32 npk = (sl->length + (qp->pmtu ? qp->pmtu : 1024) - 1) / (qp->pmtu ? qp->pmtu : 1024);
         u32 ahead = (psn - sl->first_psn) & PSN_MASK;
         if (ahead < npk && qp->rd_state != 2) {   /* a response inside this READ was lost */
@@ -1021,6 +1030,9 @@ static __always_inline u32 on_mr_request(struct xdp_md *ctx, const struct roce_p
         } else {
             reason = on_atomic(ctx, rp, qpn, qp, op, psn, 0, l4, pl, PETH_LEN);
         }
+    } else if ((op | 1) == RC_SEND_ONLY_WITH_INVALIDATE) {
+        /* not implemented (optional, HDR-14): an invalid request, never a silent drop */
+        return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     } else {
         return RX_UNSUPPORTED_OPCODE;
     }
@@ -1170,7 +1182,10 @@ int nic_rx(struct xdp_md *ctx)
     if (!from_peer(&rp, qp))
         return verdict(RX_WRONG_SOURCE, XDP_DROP);
     int mr = op >= MR_OPCODE_MIN;
-    if ((op > RC_FETCH_ADD && op != CNP_OPCODE && !mr) || (mr && op > MR_FETCH_ADD))
+    /* SEND with invalidate (0x16, 0x17; 0xD6, 0xD7) passes: not implemented, it is answered
+     * NAK 0x61 below (HDR-15); 0x15 and 0xD5 are reserved */
+    if ((op > RC_SEND_ONLY_WITH_INVALIDATE && op != CNP_OPCODE && !mr) ||
+        (mr && op > (MR_OPCODE_MIN | RC_SEND_ONLY_WITH_INVALIDATE)) || (op & 0x3F) == 0x15)
         return verdict(RX_UNSUPPORTED_OPCODE, XDP_DROP);
     if (op != CNP_OPCODE && mr != !!qp->metaroce)  /* the other mode's opcodes (EXT-2) */
         return verdict(RX_WRONG_MODE, XDP_DROP);
@@ -1179,7 +1194,8 @@ int nic_rx(struct xdp_md *ctx)
      * once per refined state and run out of budget):
      *  - TVer must be 0 (HDR-1);
      *  - BTH through ICRC is a multiple of 4 bytes, and only payload opcodes may pad (WIRE-10);
-     *  - the QP's P_Key is the default 0xFFFF, a full member: only 0x7FFF/0xFFFF match (HDR-2). */
+     *  - the QP's P_Key is the default 0xFFFF, a full member: only 0x7FFF/0xFFFF match (HDR-2);
+     *    a CNP is exempt, whatever its P_Key (HDR-12: NICs send 0xFFFF in every partition). */
     {
         u32 rop = op & 0x3F;
         u32 cls = (op >> 6) ^ 2;                          /* 0 for CNP's class (0x80-0xBF) */
@@ -1187,7 +1203,7 @@ int nic_rx(struct xdp_md *ctx)
         u32 bad = (bth.flags & 0x0F) | (l4 & 3) | (pad & (payload - 1));
         if (bad)
             return verdict(RX_MALFORMED, XDP_DROP);
-        u32 pk = (bpf_ntohs(bth.pkey) & 0x7FFF) ^ 0x7FFF;
+        u32 pk = ((bpf_ntohs(bth.pkey) & 0x7FFF) ^ 0x7FFF) & -(u32)(op != CNP_OPCODE);
         if (pk)
             return verdict(RX_BAD_PKEY, XDP_DROP);
     }
@@ -1235,8 +1251,8 @@ int nic_rx(struct xdp_md *ctx)
     if (qp->state == QP_RX_ERROR)
         return verdict(RX_QP_ERROR, XDP_DROP);
 #endif
-    if (rp.ecn == 3)
-        qp->np_ecn_marked_roce_packets++;
+    qp->np_ecn_marked_roce_packets += (rp.ecn + 1) >> 2;   /* CE (3) only; no branch, so the
+                                                          * verifier does not split every path */
     u32 ahead = (psn - qp->epsn) & PSN_MASK;
     if (ahead && ahead < PSN_HALF) {           /* a gap: NAK it once, drop until it fills */
         qp->out_of_sequence++;
@@ -1269,12 +1285,20 @@ int nic_rx(struct xdp_md *ctx)
         reason = on_read(ctx, &rp, qpn, qp, psn, 0, l4, &pl, 0, 0);
     } else if (op == RC_COMPARE_SWAP || op == RC_FETCH_ADD) {
         reason = on_atomic(ctx, &rp, qpn, qp, op, psn, 0, l4, &pl, 0);
+    } else if ((op | 1) == RC_SEND_ONLY_WITH_INVALIDATE) {   /* optional (HDR-14): NAK 0x61 */
+        reason = fatal(&pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     } else {
-        reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above, or 0x15 */
+        reason = RX_UNSUPPORTED_OPCODE;         /* a response opcode handled above */
     }
-    if (!pl.kind && rp.ecn == 3) {             /* CE: tell the sender, at most once per interval */
+    /* CE: tell the sender, at most once per interval (COMPAT-7). One packet in, one out: a CE
+     * mark is owed a CNP until one goes, so when a reply is due now (or the interval has not
+     * passed) the CNP goes instead of the answer to a later request packet that needs none; a
+     * reply never cancels it. (ecn + 1) >> 2 is 1 for CE only, without a branch. */
+    qp->cnp_owed |= (rp.ecn + 1) >> 2;
+    if (!pl.kind && qp->cnp_owed) {
         u64 now = bpf_ktime_get_ns();
         if (now >= qp->cnp_next_ns) {
+            qp->cnp_owed = 0;
             qp->cnp_next_ns = now + CNP_INTERVAL_NS;
             qp->np_cnp_sent++;
             pl.kind = REPLY_CNP;

@@ -52,6 +52,8 @@
 #define RC_ATOMIC_ACKNOWLEDGE 0x12
 #define RC_COMPARE_SWAP 0x13
 #define RC_FETCH_ADD 0x14
+#define RC_SEND_LAST_WITH_INVALIDATE 0x16   /* optional (HDR-14): not implemented, NAKed (HDR-15) */
+#define RC_SEND_ONLY_WITH_INVALIDATE 0x17
 #define CNP_OPCODE 0x81
 
 /* MetaRoCE opcodes (spec EXT-2): 0xC0 | the RC opcode of the same meaning, plus SACK */
@@ -66,7 +68,7 @@
 #define MR_COMPARE_SWAP 0xD3
 #define MR_FETCH_ADD 0xD4
 /* bit n set: RC opcode n (or MetaRoCE 0xC0 | n) carries a payload: SEND, WRITE, READ response */
-#define PAYLOAD_OPCODES ((1ULL << 12) - 1 | 0xFULL << 13)
+#define PAYLOAD_OPCODES ((1ULL << 12) - 1 | 0xFULL << 13 | 3ULL << 0x16)
 #define PETH_LEN 20
 #define SACKETH_LEN 32
 #define PETH_F_RETX 0x80

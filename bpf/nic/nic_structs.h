@@ -40,6 +40,7 @@ struct nic_qp {
     __u32 peer_set;   /* accept only packets from peer_ip */
     __u8 peer_ip[16]; /* IPv4 in the first 4 bytes */
     __u64 cnp_next_ns;   /* no CNP before this time */
+    __u64 cnp_owed;      /* a CE mark is owed a CNP: a reply went instead (COMPAT-7) */
     /* requester: what the peer acknowledged */
     __u32 una;        /* oldest unacknowledged PSN */
     __u32 rd_head;    /* next READ/ATOMIC slot waiting for its response */

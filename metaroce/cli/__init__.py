@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "exporter": "metaroce.cli.exporter:exporter",
     "perf": "metaroce.cli.perf:perf",
     "train-demo": "metaroce.cli.train_demo:train_demo",
+    "rxe": "metaroce.cli.rxe:rxe",
 }
 
 

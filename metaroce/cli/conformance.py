@@ -6,8 +6,11 @@ import os
 import click
 
 from ..errors import MetaroceError
+from ..spec.profiles import PROFILES
 from ..system import require_root
 from .output import emit_json, json_option
+
+PROFILE_KEYS = [p.key for p in PROFILES]
 
 
 @click.group()
@@ -16,11 +19,15 @@ def conformance():
 
 
 @conformance.command(name="run")
-@click.option("--dut", "adapter", type=click.Choice(["reference", "manual"]), required=True,
-              help="reference: our daemon in a lab it creates; manual: endpoints described by "
+@click.option("--dut", "adapter", type=click.Choice(["reference", "rxe", "manual"]), required=True,
+              help="reference: our daemon in a lab it creates; rxe: Linux Soft-RoCE in a QEMU "
+                   "guest on a lab it creates (compat mode only); manual: endpoints described by "
                    "--description.")
-@click.option("--mode", type=click.Choice(["roce", "metaroce"]), default="roce",
-              show_default=True, help="Connection mode to test.")
+@click.option("--mode", type=click.Choice(["roce", "metaroce"]), default=None,
+              help="Connection mode to test (default roce). Not with --profile.")
+@click.option("--profile", type=click.Choice(PROFILE_KEYS), default=None,
+              help="Test one conformance profile (spec section 12): its tests and those of the "
+                   "profiles it builds on, in every mode they need.")
 @click.option("--description", "desc", type=click.Path(dir_okay=False),
               help="manual: JSON file with the tester side and the DUT's endpoints.")
 @click.option("--only", "only", default=None,
@@ -28,45 +35,81 @@ def conformance():
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write junit.xml, summary.md and coverage.json here.")
 @json_option
-def run_cmd(adapter, mode, desc, only, report_dir, as_json):
+def run_cmd(adapter, mode, profile, desc, only, report_dir, as_json):
     """Run the suite; exit 0 all passed, 1 some failed, 2 the suite could not run."""
     from ..conformance import report  # noqa: PLC0415
-    from ..conformance.adapters import AdapterError, ManualAdapter, ReferenceAdapter  # noqa: PLC0415
-    from ..conformance.runner import RunReport, run  # noqa: PLC0415
+    from ..conformance.profiles import closure, modes_for  # noqa: PLC0415
+    if mode and profile:
+        raise MetaroceError("give --mode or --profile, not both (a profile chooses its modes)")
     require_root("metaroce conformance run")
+    modes = modes_for(profile) if profile else (mode or "roce",)
+    reps = [_run_mode(adapter, m, desc, only, profile, as_json) for m in modes]
+    table = report.profile_table(reps)
+    if profile:                                  # the profile asked for and what it builds on
+        table = {k: v for k, v in table.items() if k in closure(profile)}
+    if report_dir:
+        paths = report.write_runs(reps, report_dir, profile) if profile else \
+            report.write(reps[0], report_dir)
+    else:
+        paths = {}
+    results = [r for rep in reps for r in rep.results]
+    cov = report.coverage(results, profile)
+    code = max(rep.exit_code for rep in reps)
+    if profile and code == 0 and not table.get(profile, {}).get("ok", False):
+        code = 1
+    if as_json:
+        doc = reps[0].to_dict() if len(reps) == 1 else \
+            {"adapter": adapter, "profile": profile, "ok": code == 0, "exit_code": code,
+             "error": next((r.error for r in reps if r.error), None),
+             "runs": [r.to_dict() for r in reps]}
+        doc.update({"ok": code == 0, "exit_code": code, "reports": paths, "profiles": table,
+                    "coverage": {k: cov[k] for k in ("must_total", "covered", "not_testable",
+                                                     "missing")}})
+        emit_json(doc)
+    else:
+        for rep in reps:
+            c = rep.counts
+            if rep.error:
+                click.echo(f"error ({rep.mode}): {rep.error}", err=True)
+            click.echo(f"{rep.mode}: {c['passed']} passed, {c['failed']} failed, {c['warned']} "
+                       f"SHOULD warnings, {c['skipped']} skipped, {c['error']} errors in "
+                       f"{rep.seconds:.1f} s")
+        for key, p in table.items():
+            click.echo(f"profile {key:<9} {'pass' if p['ok'] else 'FAIL'}: {p['passed']} passed, "
+                       f"{p['failed']} failed, {p['warned']} warnings; MUST clauses "
+                       f"{p['covered']} covered, {p['not_testable']} not testable, "
+                       f"{len(p['missing'])} missing of {p['must_total']}")
+        click.echo(f"MUST clauses{f' of profile {profile}' if profile else ''}: {cov['covered']} "
+                   f"covered, {cov['not_testable']} not testable, {len(cov['missing'])} missing "
+                   f"of {cov['must_total']}")
+        for k, p in paths.items():
+            click.echo(f"wrote {p}")
+    return code
+
+
+def _run_mode(adapter, mode, desc, only, profile, as_json):
+    """One mode's run; an adapter that cannot be made is a report with its error."""
+    from ..conformance.adapters import (AdapterError, ManualAdapter,  # noqa: PLC0415
+                                       ReferenceAdapter, RxeAdapter)
+    from ..conformance.runner import RunReport, run  # noqa: PLC0415
     try:
         if adapter == "manual":
             if not desc:
                 raise AdapterError("--dut manual needs --description FILE")
             dut = ManualAdapter(mode, desc)
+        elif adapter == "rxe":
+            dut = RxeAdapter(mode)
         else:
             dut = ReferenceAdapter(mode)
     except AdapterError as exc:
-        rep = RunReport(adapter, mode, error=str(exc))
-    else:
-        def progress(r):
-            if not as_json:
-                tail = f" {r.clause}: {r.message}" if r.status == "failed" else \
-                    (f" ({r.message.splitlines()[0]})" if r.message else "")
-                click.echo(f"{r.status.upper():7} {r.id:<28} [{' '.join(r.clauses)}]{tail}")
-        rep = run(dut, only, progress)
-    paths = report.write(rep, report_dir) if report_dir else {}
-    cov = report.coverage(rep.results)
-    if as_json:
-        emit_json({**rep.to_dict(), "reports": paths,
-                   "coverage": {k: cov[k] for k in ("must_total", "covered", "not_testable",
-                                                    "missing")}})
-    else:
-        c = rep.counts
-        if rep.error:
-            click.echo(f"error: {rep.error}", err=True)
-        click.echo(f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
-                   f"{c['error']} errors in {rep.seconds:.1f} s; MUST clauses: {cov['covered']} "
-                   f"covered, {cov['not_testable']} not testable, {len(cov['missing'])} missing "
-                   f"of {cov['must_total']}")
-        for k, p in paths.items():
-            click.echo(f"wrote {p}")
-    return rep.exit_code
+        return RunReport(adapter, mode, error=str(exc))
+
+    def progress(r):
+        if not as_json:
+            tail = f" {r.clause}: {r.message}" if r.status in ("failed", "warned") else \
+                (f" ({r.message.splitlines()[0]})" if r.message else "")
+            click.echo(f"{r.status.upper():7} {mode:<8} {r.id:<28} [{' '.join(r.clauses)}]{tail}")
+    return run(dut, only, progress, profile)
 
 
 @conformance.command()
@@ -105,10 +148,12 @@ def selftest(names, report_dir, as_json):
 @click.option("--mode", type=click.Choice(["roce", "metaroce"]), default=None)
 @json_option
 def list_cmd(mode, as_json):
-    """The catalogue: test IDs, the clauses each checks, modes."""
+    """The catalogue: test IDs, the clauses each checks, modes, the profile checked per mode."""
     from ..conformance.catalogue import cases  # noqa: PLC0415
+    from ..conformance.profiles import case_profile  # noqa: PLC0415
     rows = [{"id": c.id, "group": c.group, "clauses": list(c.clauses), "modes": list(c.modes),
-             "title": c.title} for c in cases() if mode is None or mode in c.modes]
+             "profiles": {m: case_profile(c, m) for m in c.modes}, "title": c.title}
+            for c in cases() if mode is None or mode in c.modes]
     if as_json:
         emit_json({"tests": rows})
         return

@@ -1,6 +1,6 @@
 """`metaroce sim`: packet-level simulations of the transport engine (no root, no network).
 
-Every scenario runs the real engine (metaroce.engine) over the deterministic network simulator
+Every scenario runs the real engine (metaroce.cengine, in C) over the deterministic network simulator
 (metaroce.sim.net): same seed and options, same result. Times are simulated seconds, rates
 bits per second.
 """

@@ -1,7 +1,10 @@
-"""The out-of-band side channel of CM-2: CMETH blocks over TCP, each followed by the
-application's private data (as RDMA-CM carries it in REQ/REP): 48 bytes of CMETH, a 2-byte
-big-endian length, then that many bytes (at most MAX_PRIVATE). Sockets are made in the
-device's network namespace, so an application can use a lab host's device from anywhere."""
+"""The out-of-band side channel of CM-2: CMETH blocks over TCP (default port 4791, VER-5), each
+followed by the application's private data (as RDMA-CM carries it in REQ/REP): the 52-byte
+CMETH, a 2-byte big-endian length, then that many bytes (at most MAX_PRIVATE). A message that
+does not start with the CMETH magic is not MetaRoCE CM (VER-4); one of another CMETH version is
+readable only in its first 12 bytes (VER-2): both surface as :class:`Unreadable`. Sockets are
+made in the device's network namespace, so an application can use a lab host's device from
+anywhere."""
 
 from __future__ import annotations
 
@@ -27,6 +30,15 @@ class CmError(MetaroceError):
 
 class ConnectionRefused(CmError):
     """Nothing listens at the address (yet): a client may try again."""
+
+
+class Unreadable(CmError):
+    """A message this end cannot take: `prefix` holds its version-independent first 12 bytes
+    (cm_type, version, reject_reason, txn_id) when it had the magic, else None (VER-2, VER-4)."""
+
+    def __init__(self, message: str, prefix: dict | None):
+        super().__init__(message)
+        self.prefix = prefix
 
 
 @contextlib.contextmanager
@@ -91,7 +103,10 @@ class Channel:
         try:
             msg = CMETH.parse(raw[:C.CMETH_LEN])
         except ParseError as exc:
-            raise CmError(f"{self.peer} sent an invalid CM message: {exc}") from None
+            prefix = CMETH.prefix(raw)
+            what = "not a MetaRoCE CM message (no CMETH magic)" if prefix is None else \
+                f"an invalid CM message: {exc}"
+            raise Unreadable(f"{self.peer} sent {what}", prefix) from None
         return msg, raw[C.CMETH_LEN + 2:]
 
     def close(self) -> None:

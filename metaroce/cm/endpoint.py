@@ -15,9 +15,9 @@ from ..verbs import CQ, PD, QP, Context, QPCap, QPInitAttr
 from ..wire import consts as C
 from ..wire.headers import CMETH
 from . import negotiate as N
-from .channel import Channel, CmError, ConnectionRefused, tcp_socket
+from .channel import Channel, CmError, ConnectionRefused, Unreadable, tcp_socket
 
-DEFAULT_PORT = 18515             # perftest's default port, the customary RDMA test port
+DEFAULT_PORT = C.CM_TCP_PORT     # VER-5: 4791, RoCEv2's UDP port number, over TCP
 READY_TIMEOUT_S = 1.0            # CM-4
 
 
@@ -99,7 +99,7 @@ def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict,
                  timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                  rnr_retry=attr.get("rnr_retry", 7), max_rd_atomic=16, max_dest_rd_atomic=16,
                  min_rnr_timer=attr.get("min_rnr_timer", 12),
-                 window_pkts=127 if caps else 0, gid=gid)
+                 window_pkts=N.MR_WINDOW if caps else 0, gid=gid)
 
 
 def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
@@ -153,7 +153,15 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         req = _request(qp, txn, N.offer(want, paths), local_mtu,
                        N.gid_of(_local_ip(qp, family)), attr, paths)
         ch.send(req, private_data)
-        got = ch.recv(timeout_s)
+        try:
+            got = ch.recv(timeout_s)
+        except Unreadable as exc:
+            p = exc.prefix
+            if p and p["cm_type"] == C.CmType.REJECT and p["reject_reason"] == \
+                    C.CmReject.BAD_VERSION:            # VER-2: the target speaks another version
+                raise CmError(f"{ip} port {port} speaks CMETH version {p['version']}; this end "
+                              f"implements version {C.CM_VERSION}") from None
+            raise
         if got is None:
             raise CmError(f"{ip} port {port} did not answer the connection request within "
                           f"{timeout_s} s")
@@ -168,7 +176,12 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         if rep.caps & ~req.caps:
             _reject(ch, rep, C.CmReject.INVALID_PARAMS)
             raise CmError(f"{ip} port {port} accepted capabilities that were not offered")
-        got_mode = N.mode_of(rep.caps)
+        caps = N.effective(rep.caps)                  # options without the pair: compat (CM-5)
+        got_mode = N.mode_of(caps)
+        if got_mode == "metaroce" and not 1 <= rep.window_pkts < C.PSN_HALF:
+            _reject(ch, rep, C.CmReject.INVALID_PARAMS)
+            raise CmError(f"{ip} port {port} answered MetaRoCE mode with window "
+                          f"{rep.window_pkts} (SACK-1: 1 .. 2^23 - 1)")
         if mandatory and want == "metaroce" and got_mode != "metaroce":
             _reject(ch, rep, C.CmReject.UNSUPPORTED_CAPS)
             raise CmError(f"incompatible: {ip} does not offer MetaRoCE mode, which was required")
@@ -176,18 +189,20 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
                   "mtu": N.path_mtu(local_mtu, rep.mtu), "mode": got_mode}
         qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                    rnr_retry=attr.get("rnr_retry", 7),
-                   paths=N.paths_of(rep.caps, req.max_paths, rep.max_paths))
+                   paths=N.paths_of(caps, req.max_paths, rep.max_paths))
         ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn))
-        return Connection(ctx, qp, ch, got_mode, rep.caps, remote, private, txn)
+        return Connection(ctx, qp, ch, got_mode, caps, remote, private, txn)
     except BaseException:
         ch.close()
         qp.close()
         raise
 
 
-def _reject(ch: Channel, req: CMETH, reason: int) -> None:
+def _reject(ch: Channel, req: CMETH | dict, reason: int) -> None:
+    """REJECT the request (a CMETH, or the prefix of an unreadable one) in this end's version."""
+    txn = req["txn_id"] if isinstance(req, dict) else req.txn_id
     try:
-        ch.send(CMETH(cm_type=C.CmType.REJECT, txn_id=req.txn_id, qpn=0, start_psn=0,
+        ch.send(CMETH(cm_type=C.CmType.REJECT, txn_id=txn, qpn=0, start_psn=0,
                       reject_reason=int(reason)))
     except CmError:
         pass
@@ -232,7 +247,14 @@ class Listener:
         ch = Channel(s, peer)
         qp = None
         try:
-            got = ch.recv(timeout_s if timeout_s else 10.0)
+            try:
+                got = ch.recv(timeout_s if timeout_s else 10.0)
+            except Unreadable as exc:
+                if exc.prefix is not None:             # VER-2 / CM-10: answer what was readable
+                    _reject(ch, exc.prefix, C.CmReject.BAD_VERSION
+                            if exc.prefix["version"] != C.CM_VERSION
+                            else C.CmReject.INVALID_PARAMS)
+                raise                                 # VER-4: no magic, no answer
             if got is None:
                 raise CmError(f"{peer} sent no connection request")
             req, private = got
@@ -263,7 +285,8 @@ class Listener:
             rep = CMETH(cm_type=C.CmType.CONNECT_REP, txn_id=req.txn_id, qpn=qp.qp_num,
                         start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=my_paths,
                         max_rd_atomic=16, max_dest_rd_atomic=16,
-                        window_pkts=127 if caps else 0, gid=N.gid_of(_local_ip(qp, family)))
+                        window_pkts=N.MR_WINDOW if caps else 0,
+                        gid=N.gid_of(_local_ip(qp, family)))
             ch.send(rep, private_data)
             ready = ch.recv(READY_TIMEOUT_S)
             if ready is None or ready[0].cm_type != C.CmType.READY or \

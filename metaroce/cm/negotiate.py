@@ -1,6 +1,6 @@
 """The pure parts of connection management (spec section 6): what an initiator offers, what a
-target accepts (CM-5, CM-6), which CONNECT_REQs are invalid (CM-10), and the mode a set of
-accepted capabilities means. No I/O: tested without a network."""
+target accepts (CM-5, CM-6), which CONNECT_REQs are invalid (CM-10, VER-2), and the mode a set
+of accepted capabilities means. No I/O: tested without a network."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ METAROCE_CAPS = int(C.Cap.SACK | C.Cap.PLACEMENT)     # the mandatory pair of Me
 SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH)  # what this implementation can accept
 DEFAULT_PATHS = 4          # MP-1: paths a MetaRoCE connection asks for unless told otherwise
 LOCAL_MAX_PATHS = 8        # what this data path sprays over (metaroce/nic/paths.py)
+MR_WINDOW = 128            # SACK-1: the receive window W the data path enforces and advertises
+                           # (bpf/nic/nic_consts.h MR_WINDOW: it records ePSN .. ePSN + 127)
 MTU_CODE = {v: k for k, v in C.MTU_CODES.items()}
 
 
@@ -27,6 +29,12 @@ class Rejected(Exception):
 def mode_of(caps: int) -> str:
     """MetaRoCE mode iff SACK and PLACEMENT were both accepted (CM-5)."""
     return "metaroce" if caps & METAROCE_CAPS == METAROCE_CAPS else "roce"
+
+
+def effective(caps: int) -> int:
+    """CM-5: an answer is 0 (compat) or holds the MetaRoCE pair; option bits without the pair
+    mean nothing, so such an answer counts as 0."""
+    return caps if mode_of(caps) == "metaroce" else 0
 
 
 def offer(mode: str, paths: int = DEFAULT_PATHS) -> int:
@@ -59,10 +67,7 @@ def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
     initiator marked MetaRoCE mandatory, then it rejects with UNSUPPORTED_CAPS (CM-6)."""
     validate(req)
     supported = SUPPORTED_CAPS if device_mode == "metaroce" and policy_allows else 0
-    caps = req.caps & supported & C.CAPS_DEFINED
-    if caps & METAROCE_CAPS != METAROCE_CAPS:
-        caps &= ~(METAROCE_CAPS | C.Cap.MULTIPATH)   # half of the pair is no MetaRoCE mode (and
-                                                     # paths need the PETH's PathID)
+    caps = effective(req.caps & supported & C.CAPS_DEFINED)   # options need the pair (CM-5)
     if mandatory and mode_of(caps) != "metaroce":
         raise Rejected(C.CmReject.UNSUPPORTED_CAPS, "MetaRoCE mode was required and is not "
                        "offered by this device")
@@ -70,7 +75,7 @@ def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
 
 
 def validate(req: CMETH) -> None:
-    """CM-10: the fields a target refuses with INVALID_PARAMS, and the version (CM-6)."""
+    """CM-10: the fields a target refuses with INVALID_PARAMS, and the version (VER-2)."""
     if req.version != C.CM_VERSION:
         raise Rejected(C.CmReject.BAD_VERSION, f"CMETH version {req.version} is not "
                        f"{C.CM_VERSION}")
@@ -79,6 +84,9 @@ def validate(req: CMETH) -> None:
     if req.caps & C.Cap.MULTIPATH and not 1 <= req.max_paths <= C.MAX_PATHS:
         raise Rejected(C.CmReject.INVALID_PARAMS, f"max_paths {req.max_paths} is not "
                        f"1-{C.MAX_PATHS}")
+    if mode_of(req.caps) == "metaroce" and not 1 <= req.window_pkts < C.PSN_HALF:
+        raise Rejected(C.CmReject.INVALID_PARAMS, f"window_pkts {req.window_pkts} is not "
+                       f"1-{C.PSN_HALF - 1} (SACK-1)")
 
 
 def gid_of(ip: str) -> bytes:

@@ -5,6 +5,8 @@ endpoints: a QP connected to a tester QPN/PSN, and a memory region on it.
   in h1. Endpoints are made as an application would (a verbs Context in h2's device), which also
   gives the tester the region's memory, receive posting, completions, counters and the DUT's
   requester (post_send) for checks beyond the wire.
+- ``rxe``: Linux Soft-RoCE in a QEMU guest on a lab switch (metaroce/rxe); endpoints are pyverbs
+  QPs made on demand in the guest, which also gives memory, receives, completions and requests.
 - ``manual``: a JSON file describes endpoints any implementation prepared (the fields `metaroce
   qp create --json` prints) and the tester's side (netns, interface, address, and the QPN/PSN the
   endpoints were connected to). Only the wire is observed; memory is checked through the
@@ -62,6 +64,7 @@ class TesterSide:
 class Adapter:
     name = "?"
     caps: frozenset = frozenset()     # memory, recv, post_send, counters, fresh, psn
+    claims: tuple = ()                # the conformance profiles the DUT claims (spec PROF-1)
     dut_ip = ""
 
     def __init__(self, mode: str):
@@ -102,6 +105,7 @@ class ReferenceAdapter(Adapter):
 
     name = "reference"
     caps = frozenset({"memory", "recv", "post_send", "counters", "fresh", "psn"})
+    claims = ("compat", "base", "multipath")     # what its CM offers and accepts (spec 12.4)
 
     def __init__(self, mode: str, lab: str | None = None, defines: dict | None = None,
                  mr_bytes: int = 1 << 20):
@@ -256,6 +260,25 @@ def load_description(path: str) -> tuple[dict, list[dict]]:
     return doc["tester"], eps
 
 
+def _iface_mac(netns: str | None, iface: str) -> str:
+    """The interface's MAC from netlink in its namespace (sysfs shows the caller's namespace)."""
+    from pyroute2 import IPRoute  # noqa: PLC0415
+    try:
+        ipr = IPRoute(netns=netns) if netns else IPRoute()
+    except OSError as exc:
+        raise AdapterError(f"tester network namespace {netns}: {exc.strerror or exc}") from None
+    try:
+        links = ipr.get_links(ifname=iface)
+    except Exception:  # noqa: BLE001 (pyroute2 raises NetlinkError for an unknown name)
+        links = []
+    finally:
+        ipr.close()
+    if not links:
+        where = f" in network namespace {netns}" if netns else ""
+        raise AdapterError(f"tester interface {iface}: no such interface{where}")
+    return links[0].get_attr("IFLA_ADDRESS")
+
+
 class ManualAdapter(Adapter):
     """Endpoints prepared by hand (or by another implementation's tools), read from a file."""
 
@@ -305,18 +328,7 @@ class ManualAdapter(Adapter):
 
     def open(self) -> TesterSide:
         t = self.tester
-        mac = t.get("mac")
-        if not mac:
-            try:
-                from ..lab import netdev  # noqa: PLC0415
-                ctx = netdev.in_netns(t["netns"]) if t.get("netns") else None
-                if ctx:
-                    with ctx:
-                        mac = open(f"/sys/class/net/{t.get('iface', 'eth0')}/address").read().strip()
-                else:
-                    mac = open(f"/sys/class/net/{t.get('iface', 'eth0')}/address").read().strip()
-            except OSError as exc:
-                raise AdapterError(f"tester interface {t.get('iface', 'eth0')}: {exc}") from None
+        mac = t.get("mac") or _iface_mac(t.get("netns"), str(t.get("iface", "eth0")))
         return TesterSide(t.get("netns"), str(t.get("iface", "eth0")), self.tip, mac)
 
     def _free(self, access: int | None):
@@ -356,3 +368,125 @@ class ManualAdapter(Adapter):
 
     def consumed(self, ep: Endpoint) -> None:
         self.used.add(ep.qpn)
+
+
+# ---- rxe ----------------------------------------------------------------------------------
+
+class _GuestRegion:
+    """The DUT's local buffer for its own requests (an rxe endpoint's local-only region), as
+    the req tests use the reference's local MR: write() and sge() (offsets in the region)."""
+
+    def __init__(self, rv, qpn: int, length: int):
+        self.rv, self.qpn, self.length = rv, qpn, length
+
+    def write(self, data: bytes, offset: int = 0) -> None:
+        self.rv("write", qpn=self.qpn, offset=offset, data=data.hex(), local=True)
+
+    def sge(self, offset: int = 0, length: int | None = None) -> list:
+        return [offset, self.length - offset if length is None else length, 0]
+
+
+@dataclass
+class _Wc:
+    wr_id: int
+    status: int
+    opcode: str
+    byte_len: int = 0
+    imm_data: int | None = None
+
+
+class RxeAdapter(Adapter):
+    """Linux Soft-RoCE (rdma_rxe, Debian's kernel and rdma-core) in a QEMU guest on the switch
+    of a lab pair it creates (metaroce/rxe): the tester lives in h1. Endpoints are RC QPs
+    created on demand with pyverbs in the guest and connected to a fresh tester QPN and PSN, so
+    every test gets its own; the guest's verbs also give the tester the region's memory,
+    receive posting, completions and the DUT's requester. rxe claims Compat-only."""
+
+    name = "rxe"
+    caps = frozenset({"memory", "recv", "post_send", "fresh", "psn"})
+    claims = ("compat",)
+
+    def __init__(self, mode: str, mr_bytes: int = 1 << 20, lab: str | None = None,
+                 tester_host: str = "h1"):
+        super().__init__(mode)
+        if mode != "roce":
+            raise AdapterError("rxe is a RoCEv2 device: it has compat mode only (--mode roce, "
+                               "--profile compat)")
+        self.mr_bytes = mr_bytes
+        self.lab_name = lab               # an existing lab whose guest runs (kept afterwards)
+        self.own_lab = lab is None
+        self.tester_host = tester_host    # a host without a MetaRoCE daemon on its eth0
+        self.guest = self.agent = self.rv = None
+
+    def open(self) -> TesterSide:
+        from ..lab import core  # noqa: PLC0415
+        from ..rxe import guest  # noqa: PLC0415
+        try:
+            if self.own_lab:
+                self.lab_name = f"cx{os.getpid() % 1000}{secrets.token_hex(2)}"
+                core.up(self.lab_name, "pair")
+            view = core.LabView(self.lab_name)
+            h1 = view.plan.node(self.tester_host)
+            self.guest = guest.up(self.lab_name) if self.own_lab else guest.load(self.lab_name)
+            self.agent = guest.Agent(self.guest)
+            self.agent.open()
+            self.rv = guest.RxeVerbs(self.agent)
+        except Exception as exc:
+            self.close()
+            raise AdapterError(f"rxe DUT: {exc}") from exc
+        self.dut_ip = self.guest.ip
+        self.side = TesterSide(h1.netns, "eth0", h1.iface("eth0").ipv4.split("/")[0],
+                               h1.iface("eth0").mac)
+        return self.side
+
+    def close(self) -> None:
+        from ..lab import core  # noqa: PLC0415
+        from ..rxe import guest  # noqa: PLC0415
+        if self.rv is not None:
+            self.rv.close()
+            self.rv = None
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
+        if self.lab_name and self.own_lab:
+            try:
+                guest.down(self.lab_name)
+            finally:
+                core.down(self.lab_name)
+                self.lab_name = None
+
+    def endpoint(self, *, fresh: bool = False, access: int = ALL_ACCESS,
+                 tester_psn: int | None = None) -> Endpoint:
+        ep = self.rv("create", mr_bytes=self.mr_bytes, access=access, local_bytes=1 << 16)
+        tqpn = secrets.randbelow((1 << 24) - 2) + 2
+        tpsn = secrets.randbits(24) if tester_psn is None else tester_psn
+        self.rv("connect", qpn=ep["qpn"], remote={"qpn": tqpn, "psn": tpsn, "ip": self.side.ip},
+                mtu=1024)
+        return Endpoint(qpn=ep["qpn"], psn=ep["psn"], ip=self.guest.ip, mac=self.guest.mac,
+                        mtu=1024, rkey=ep["rkey"], addr=ep["addr"], length=ep["length"],
+                        mode="roce", access=access, tester_qpn=tqpn, tester_psn=tpsn,
+                        handle={"local": _GuestRegion(self.rv, ep["qpn"], 1 << 16)})
+
+    def read_mem(self, ep, offset, length):
+        return self.rv.read(ep.qpn, offset, length)
+
+    def write_mem(self, ep, offset, data):
+        self.rv.write(ep.qpn, offset, data)
+
+    def post_recv(self, ep, wr_id: int, offset: int, length: int) -> None:
+        self.rv("post_recv", qpn=ep.qpn, wr_id=wr_id, offset=offset, length=length)
+
+    def completions(self, ep, n: int, timeout: float = 2.0) -> list:
+        wcs = [_Wc(**w) for w in self.rv.poll(ep.qpn, n, timeout)]
+        if len(wcs) < n:
+            raise MetaroceError(f"no completion within {timeout} s ({len(wcs)} of {n})")
+        return wcs
+
+    def poll(self, ep) -> list:
+        return [_Wc(**w) for w in self.rv.poll(ep.qpn, 64, 0)]
+
+    def post_send(self, ep, wr) -> None:
+        addr, length, _ = wr.sg_list[0] if wr.sg_list else (0, 0, 0)
+        self.rv("post_send", qpn=ep.qpn, opcode=wr.opcode, wr_id=wr.wr_id, offset=addr,
+                length=length, remote_addr=wr.remote_addr, rkey=wr.rkey,
+                compare_add=wr.compare_add, swap=wr.swap, imm_data=wr.imm_data, local=True)

@@ -18,6 +18,7 @@ from ..wire.consts import Opcode as O
 from ..wire.errors import ParseError
 from ..wire.headers import (AETH, BTH, PETH, RETH, SACKETH, AtomicAckETH, AtomicETH, CNPPad,
                             ImmDt)
+from ..wire.layout import LAYOUTS
 from ..wire.packet import UDP, Ethernet, IPv4, IPv6, RocePacket, parse_frame
 
 ETH_P_ALL = 0x0003
@@ -278,7 +279,9 @@ class Peer:
               **bth_kw) -> bytes:
         """One request frame. In MetaRoCE mode a PETH is prepended for MR opcodes."""
         hdrs = tuple(headers)
-        if self.metaroce and 0xC0 <= opcode <= 0xD4 and opcode not in (O.MR_SACK,):
+        lay = LAYOUTS.get(opcode)
+        if self.metaroce and lay is not None and lay.headers[:1] == (PETH,) and \
+                opcode != O.MR_PROBE:
             self.ts = (self.ts + 1000) & 0xFFFFFFFF
             hdrs = (PETH(path_id=path, ssn=self.ssn if ssn is None else ssn, offset=offset,
                          rsn=self.rsn if rsn is None else rsn, ts=self.ts,
@@ -355,8 +358,8 @@ class Peer:
                           [AtomicETH(va=va, rkey=rkey, swap_add=swap_add, compare=compare)],
                           ack_req=1)
 
-    def cnp_frame(self) -> bytes:
-        bth = BTH(opcode=O.CNP, dest_qp=self.ep.qpn, psn=0, becn=1)
+    def cnp_frame(self, pkey: int = C.DEFAULT_PKEY) -> bytes:
+        bth = BTH(opcode=O.CNP, dest_qp=self.ep.qpn, psn=0, becn=1, pkey=pkey)
         return RocePacket(ip=self.ip(ecn=0), bth=bth, headers=(CNPPad(),),
                           udp=UDP(sport=self.sport),
                           eth=Ethernet(dst=self.ep.mac, src=self.my_mac)).to_bytes()

@@ -4,7 +4,8 @@ One :class:`CreditManager` per receiving NIC (shared by all its QPs) counts the 
 delivered a request packet in the last ``idle_ns``. When at least ``min_senders`` are active
 (their line-rate-start windows, 1.25 × BDP each, then exceed the BDP of the receiver's link),
 the receiver is in incast and grants every active sender an equal share of that BDP:
-Limit PSN = cumulative PSN + 1 + share, share = max(1, BDP in packets // active senders).
+Limit PSN = cumulative PSN + 1 + share, share = max(1, ceil(BDP in packets / active senders))
+(rounding up keeps at least one BDP in flight; see docs/engine.md "Rules decided").
 A sender with the CREDIT capability starts in credit mode with ``initial_credit_pkts`` (the
 receiver's first grant — active or not — replaces it), so the first round trip of an incast
 is bounded as well. The per-QP grant state (:class:`GrantState`) lives in the responder, the
@@ -65,7 +66,7 @@ class CreditManager:
         n = self.active(now)
         if n < self.cfg.min_senders:
             return None
-        return max(1, self.cfg.bdp_pkts // n)
+        return max(1, -(-self.cfg.bdp_pkts // n))  # ceil: together at least one BDP
 
     def rate_mbps(self, now: int) -> int:
         if not self.cfg.pace:

@@ -32,11 +32,16 @@ class MemoryRegion:
 class MRTable:
     def __init__(self):
         self._mrs: dict[int, MemoryRegion] = {}
+        self.version = 0  # bumped by every registration (the C engine's adapter re-syncs)
 
     def register(self, rkey: int, addr: int, buf: bytearray, access: Access) -> MemoryRegion:
         mr = MemoryRegion(rkey, addr, buf, Access(access))
         self._mrs[rkey] = mr
+        self.version += 1
         return mr
+
+    def regions(self) -> list[MemoryRegion]:
+        return list(self._mrs.values())
 
     def get(self, rkey: int) -> MemoryRegion | None:
         return self._mrs.get(rkey)

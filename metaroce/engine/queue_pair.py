@@ -24,7 +24,7 @@ CNP, MR_CREDIT, MR_PROBE = int(Opcode.CNP), int(Opcode.MR_CREDIT), int(Opcode.MR
 
 class QueuePair:
     def __init__(self, qpn: int, mode: Mode = Mode.COMPAT, mrs: MRTable | None = None,
-                 min_rto_ns: int = 10_000, _test_break: str | set | None = None,
+                 min_rto_ns: int = 50_000, _test_break: str | set | None = None,
                  cc: CCConfig | None = None, paths: int = 1,
                  credits: CreditManager | None = None, seed: int = 0):
         """``cc``: congestion control (None: PSN window only); ``paths``: MetaRoCE multipath
@@ -104,7 +104,7 @@ class QueuePair:
             op = P.base(opc)
         except ValueError:
             return
-        if op in P.REQUESTS:
+        if op in P.REQUESTS or op in P.SEND_INVALIDATE:
             self.resp.handle(pkt, now)
         elif op in P.RESPONSES and self.state in (QPState.RTS, QPState.SQD):
             self.req.handle(pkt, now)

@@ -8,7 +8,7 @@ retransmission queue served ahead of new data; each transmission picks a path fr
 multipath.PathSet (MP-3) and loss detection is per path (SACK-5)."""
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from metaroce.wire.consts import (AETH_TYPE_MASK, AETH_VALUE_MASK, MSN_MASK, SACK_BITMAP_BITS,
                                   AethType, NakCode)
@@ -77,7 +77,7 @@ class _Wqe:
 
 
 class Requester:
-    def __init__(self, qp, min_rto_ns: int = 10_000):
+    def __init__(self, qp, min_rto_ns: int = 50_000):
         self.qp = qp
         self.pending: deque[_Wqe] = deque()  # posted, no PSN yet
         self.inflight: deque[_Wqe] = deque()  # PSNs assigned, not completed (posting order)
@@ -117,7 +117,7 @@ class Requester:
         self.nxt = self.tx_ptr = self.high = sq_psn
         ack_to = self.qp.attr.local_ack_timeout_ns
         self.rto = RtoEstimator(ack_to or 1_000_000_000, min_ns=self.min_rto_ns,
-                                max_ns=max(ack_to or 0, 1_000_000_000))
+                                max_ns=ack_to or 1_000_000_000)  # RTO_max: RESP-8's timeout
         a, cfg = self.qp.attr, self.qp.cc_cfg
         npaths = self.qp.npaths if self.metaroce else 1
         self.paths = PathSet(npaths, a.qpn, a.dest_qpn, self.qp.seed)
@@ -133,8 +133,6 @@ class Requester:
     def post(self, wr: SendWR) -> None:
         mtu = self.qp.attr.path_mtu
         n = 1 if wr.opcode in ATOMICS else P.npackets(wr.length, mtu)
-        if wr.opcode is WrOpcode.RDMA_READ and n > self.qp.attr.window:
-            raise ValueError("READ longer than window x MTU is not supported in this slice")
         consumes = wr.opcode in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM,
                                  WrOpcode.RDMA_WRITE_WITH_IMM)
         data = bytes(wr.local[wr.offset:wr.offset + wr.length]) if wr.opcode not in NEEDS_RESPONSE \
@@ -209,7 +207,7 @@ class Requester:
             self.rtxq.popleft()
             w.queued[idx] = False
             self._send(w, idx, now, True)
-        window, una = self.qp.attr.window, self.una()
+        window, una, sent = self.qp.attr.window, self.una(), 0
         while True:
             if self.tx_ptr == self.nxt:
                 if not self.pending or not self.qp.can_issue_new():
@@ -220,8 +218,8 @@ class Requester:
                 self._assign(self.pending.popleft())
             w, idx = self.slots[self.tx_ptr]
             span = w.npkts - idx if w.wr.opcode is WrOpcode.RDMA_READ else 1
-            if psnm.distance(self.tx_ptr, una) + span > window:
-                self.blocked = "window"
+            if psnm.distance(self.tx_ptr, una) >= window:   # SACK-9: the request's PSN, not
+                self.blocked = "window"                     # its responses', must be inside
                 break
             retx = w.sent_at[idx] is not None
             why = self._gate(w, idx, now, not retx)
@@ -229,9 +227,13 @@ class Requester:
                 self.blocked = why
                 break
             self._send(w, idx, now, retx)
+            sent += 1
             self.tx_ptr = psnm.add(self.tx_ptr, span)
             if psnm.diff(self.tx_ptr, self.high) > 0:
                 self.high = self.tx_ptr
+        if sent and self.blocked in ("window", "cwnd", "credit"):
+            out = self.qp._out  # the edge's packet asks for an acknowledgement (RESP-1)
+            out[-1] = replace(out[-1], ack_req=True)
         if self.credit is not None:
             if self.blocked == "credit":
                 if self.credit.blocked_since is None:
@@ -381,8 +383,9 @@ class Requester:
                 self.pump(now)
             return
         self.stats["timeouts"] += 1
-        if not self.metaroce or self.rto.rto_ns >= self.rto.max:
-            self.retries += 1  # RTO-2: in MetaRoCE mode only expiries at RTO_max count
+        if not self.metaroce or (self.rto.rto_ns >= self.rto.max and
+                                 self.qp.attr.local_ack_timeout_ns is not None):
+            self.retries += 1  # RTO-2: only expiries at RTO_max count; RTO-4: none if infinite
         if self.retries > self.qp.attr.retry_cnt:
             self._fail(self.inflight[0], WcStatus.RETRY_EXC_ERR)
             return
@@ -431,6 +434,7 @@ class Requester:
             return
         if progress:
             self.retries = 0
+            self.rnr_retries = 0  # RESP-6: rnr_retry counts NAKs of the same PSN
             self.rto.on_progress()
             self.timer_base = now
         self._retire()

@@ -58,6 +58,11 @@ class Responder:
     def metaroce(self) -> bool:
         return self.qp.mode is Mode.METAROCE
 
+    @property
+    def rx_bytes(self) -> int:
+        """Payload bytes accepted so far (the simulator's delivery measurement)."""
+        return self.stats["rx_bytes"]
+
     def start(self, rq_psn: int) -> None:
         a = self.qp.attr
         self.state = RespState(metaroce=self.metaroce, epsn=rq_psn, mtu=a.path_mtu,
@@ -276,11 +281,11 @@ class Responder:
                 self._execute_atomic(pkt)
             elif executed and pkt.psn in self.atomic_results:
                 self._atomic_ack(pkt, self.atomic_results[pkt.psn])  # never applied twice
-        elif pkt.ack_req:
-            if self.metaroce:
+        elif self.metaroce:
+            if pkt.ack_req:                 # SACK-3: with AckReq or ACK_NOW
                 self._sack()
-            else:
-                self._ack(ACK_SYNDROME, psnm.add(self.state.epsn, -1))
+        else:                               # RESP-4, RESP-16: every duplicate SEND/WRITE
+            self._ack(ACK_SYNDROME, psnm.add(self.state.epsn, -1))
 
     # --- ACK generation -----------------------------------------------------------------------
     def _ack(self, syndrome: int, psn: int, fatal: bool = False) -> None:

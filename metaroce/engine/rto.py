@@ -1,14 +1,21 @@
 """Retransmission timeout estimator: RFC 6298 SRTT/RTTVAR with exponential backoff.
 
-Callers apply Karn's rule: only packets transmitted once give samples.
+Spec RTO-1 and PAR-2: RTO = clamp(SRTT + max(4 RTTVAR, G), RTO_min, RTO_max) with G = 5 us,
+RTO_min = 50 us by default and RTO_max the local ACK timeout (1 s when it is infinite, RTO-4);
+before the first sample RTO = RTO_max. Callers apply Karn's rule to samples from their own send
+times: only packets transmitted once give samples.
 """
+
+RTO_MIN_NS = 50_000           # RTO_min's default (PAR-2)
+RTO_G_NS = 5_000              # G, the RTTVAR floor of the RTO (RTO-1)
+RTO_MAX_INFINITE_NS = 1_000_000_000   # RTO_max when the local ACK timeout is infinite (RTO-4)
 
 
 class RtoEstimator:
     ALPHA, BETA, K = 1 / 8, 1 / 4, 4
 
-    def __init__(self, initial_ns: int, min_ns: int = 10_000, max_ns: int = 1_000_000_000,
-                 granularity_ns: int = 1_000):
+    def __init__(self, initial_ns: int, min_ns: int = RTO_MIN_NS,
+                 max_ns: int = RTO_MAX_INFINITE_NS, granularity_ns: int = RTO_G_NS):
         self.initial, self.min, self.max, self.g = initial_ns, min_ns, max_ns, granularity_ns
         self.srtt: float | None = None
         self.rttvar = 0.0

@@ -89,14 +89,16 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
         op = P.base(f.opcode)
     except ValueError:
         return Result(Verdict.NAK_INVALID, s)
-    if op not in P.REQUESTS:
+    if op not in P.REQUESTS and op not in P.SEND_INVALIDATE:
         return Result(Verdict.DROP, s)
     npsn = P.npackets(f.reth.length, s.mtu) if op in P.READ_REQ and f.reth else 1
     d = psnm.diff(f.psn, s.epsn)
     if d < 0:
         return Result(Verdict.DUPLICATE, s, npsn)
     if s.metaroce:
-        if d + npsn > s.window:
+        # SACK-9: the window holds the request's PSN; a READ at ePSN takes its n response PSNs
+        # beyond it, one ahead of ePSN is recorded only if they fit (else repaired as lost)
+        if d >= s.window or (d > 0 and d + npsn > s.window):
             return Result(Verdict.DROP, s, npsn)
         if s.bitmap >> d & 1:
             return Result(Verdict.DUPLICATE, s, npsn)
@@ -104,6 +106,8 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
         if s.sent_psn_nak:
             return Result(Verdict.DROP, s, npsn)
         return Result(Verdict.NAK_SEQ, replace(s, sent_psn_nak=True), npsn)
+    if op in P.SEND_INVALIDATE:             # not implemented (HDR-14): an invalid request
+        return Result(Verdict.NAK_INVALID, s, npsn)
     verdict, s2, target = (_check_metaroce if s.metaroce else _check_compat)(s, f, op)
     if verdict is not Verdict.ACCEPT:
         if verdict is Verdict.RNR and not s.metaroce:
@@ -152,9 +156,9 @@ def _check_compat(s: RespState, f: PktFields, op):
             r = f.reth
             if r is None:
                 return Verdict.NAK_INVALID, s, None
-            if (op in P.WRITE_ONLY and n != r.length) or (op in P.WRITE_FIRST and
-                                                           (n != mtu or r.length <= mtu)):
-                return Verdict.NAK_INVALID, s, None
+            if (op in P.WRITE_ONLY and (n != r.length or n > mtu)) or \
+                    (op in P.WRITE_FIRST and (n != mtu or r.length <= mtu)):
+                return Verdict.NAK_INVALID, s, None             # RESP-15
             if n and not _mr_ok(s, r.rkey, r.va, r.length, Access.REMOTE_WRITE):
                 return Verdict.NAK_ACCESS, s, None
             va, rkey, remaining = r.va, r.rkey, r.length
@@ -163,8 +167,8 @@ def _check_compat(s: RespState, f: PktFields, op):
                 return Verdict.NAK_INVALID, s, None
             va, rkey, remaining = s.cur_va, s.cur_rkey, s.cur_remaining
             if (op in P.WRITE_MIDDLE and (n != mtu or remaining <= mtu)) or \
-               (op in P.WRITE_LAST and n != remaining):
-                return Verdict.NAK_INVALID, s, None
+               (op in P.WRITE_LAST and (n != remaining or n > mtu)):
+                return Verdict.NAK_INVALID, s, None             # RESP-15
         if op in P.CONSUMES_RECV and s.recv_head not in s.recv:
             return Verdict.RNR, s, None
         last = op in P.WRITE_LAST | P.WRITE_ONLY
@@ -182,8 +186,8 @@ def _check_compat(s: RespState, f: PktFields, op):
         if s.seq is not Seq.SEND:
             return Verdict.NAK_INVALID, s, None
         off = s.cur_off
-        if (op in P.SEND_MIDDLE and n != mtu) or n > mtu:
-            return Verdict.NAK_INVALID, s, None
+        if (op in P.SEND_MIDDLE and n != mtu) or n > mtu or (op in P.SEND_LAST and not n):
+            return Verdict.NAK_INVALID, s, None                 # RESP-15: LAST has 1 .. MTU
     if off + n > s.recv[s.recv_head]:
         return Verdict.NAK_INVALID, s, None  # receiver: LOC_LEN_ERR
     last = op in P.SEND_LAST | P.SEND_ONLY

@@ -150,6 +150,7 @@ class Qp:
         self.retry_cnt = self.rnr_retry = 7
         self.retries_left = self.rnr_left = 7
         self.timeout = None
+        self.never_fails = False                # timeout 0: no failure for lack of ACKs (RTO-4)
         self.deadline = None                    # retransmission timer
         self.hold_until = 0.0                   # RNR wait
         self.rq_done = 0                        # receives completed (the ring's consumer index)
@@ -364,6 +365,9 @@ class Device:
         qp.retry_cnt = qp.retries_left = int(attr.get("retry_cnt", 7)) & 7
         qp.rnr_retry = qp.rnr_left = int(attr.get("rnr_retry", 7)) & 7
         qp.timeout = timeout_s(int(attr.get("timeout", 14)))
+        qp.never_fails = qp.timeout is None      # timeout 0 = infinite (RESP-8)
+        if qp.metaroce and qp.never_fails:
+            qp.timeout = 1.0                     # RTO-4: the RTO still repairs, RTO_max 1 s
         import ipaddress  # noqa: PLC0415
         peer = ipaddress.ip_address(rip).packed
         npaths = int(attr.get("paths") or 0) if qp.metaroce else 0   # MP-1: negotiated N
@@ -1253,7 +1257,7 @@ class Device:
         qp.credit_limit = None
         rto = self._timer(qp)
         qp.stats["rto_expired"] += 1
-        if not qp.metaroce or rto >= qp.timeout:   # RTO-2: only at RTO_max (RESP-9)
+        if not qp.metaroce or (rto >= qp.timeout and not qp.never_fails):   # RTO-2, RTO-4
             qp.stats["local_ack_timeout_err"] += 1
             qp.retries_left -= 1
             if qp.retries_left < 0:

@@ -41,7 +41,7 @@ class Options:
     qps: int = 1
     mode: str | None = None
     all_sizes: bool = False
-    port: int = cm.DEFAULT_PORT
+    port: int = 18515            # perftest's default port (-p), not the CM's
     tx_depth: int = 128
     cpu: int | None = None
 

@@ -1,4 +1,4 @@
-"""A deterministic discrete-event network simulator that runs the real transport engine.
+"""A deterministic discrete-event network simulator that runs the real transport engine (C).
 
 Virtual clock in integer nanoseconds, one heap of ``(time, seq, fn, args)`` events, one
 ``random.Random(seed)``: a run is a pure function of its seed and parameters.
@@ -14,8 +14,9 @@ Model
 * :class:`Switch` — routes by destination host; several equal-cost ports are chosen by a
   seeded hash of (source host, destination host, UDP source port), as ECMP does. Routing does
   not converge around a failed link (a black hole the transport has to route around).
-* :class:`Host` — a NIC: one uplink port and the engine QPs (``metaroce.engine.QueuePair``)
-  behind it; it delivers frames to QPs, moves their output onto the wire and runs their timers.
+* :class:`Host` — a NIC: one uplink port and the engine QPs (``metaroce.cengine.QueuePair``,
+  the C engine) behind it; it delivers frames to QPs, moves their output onto the wire and runs
+  their timers.
 * Topologies: :func:`pair`, :func:`incast` (N senders, one switch, one receiver) and
   :func:`leaf_spine` (2 leaves, K spines: K equal-cost paths).
 """
@@ -233,9 +234,9 @@ class Host:
         if f.ce:
             pkt = replace(pkt, ce=True)
         if self.on_deliver is not None and pkt.payload:
-            before = qp.resp.stats["rx_bytes"]
+            before = qp.resp.rx_bytes
             qp.receive(pkt, self.sim.now)
-            got = qp.resp.stats["rx_bytes"] - before
+            got = qp.resp.rx_bytes - before
             if got:
                 self.on_deliver(qp, got)
         else:

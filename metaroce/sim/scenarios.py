@@ -19,9 +19,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from metaroce.engine import Access, Mode, MRTable, QPState, QueuePair, SendWR, WcStatus, WrOpcode
+from metaroce.cengine import Engine, QueuePair
+from metaroce.engine import Access, Mode, MRTable, QPState, SendWR, WcStatus, WrOpcode
 from metaroce.engine.cc import CCConfig
-from metaroce.engine.credits import CreditConfig, CreditManager
+from metaroce.engine.credits import CreditConfig
 
 from . import net as N
 
@@ -89,12 +90,15 @@ class Flow:
 
 
 class Run:
-    """One simulation: a network, QP pairs set up over it, flows, and the metrics."""
+    """One simulation: a network, QP pairs set up over it, flows, and the metrics. Every host
+    is one C engine (metaroce.cengine: its QPs, registered memory and credit manager)."""
 
-    def __init__(self, seed: int, mode: str, fabric: Fabric | None = None):
+    def __init__(self, seed: int, mode: str, fabric: Fabric | None = None,
+                 _test_break: str | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}")
         self.seed, self.mode_name, self.mode = seed, mode, MODES[mode]
+        self.breaks = _test_break  # deliberately broken senders, for the tests that catch them
         self.fabric = fabric or Fabric()
         self.sim = N.Sim(seed)
         self.rng = random.Random(seed ^ 0x51A1)
@@ -102,7 +106,7 @@ class Run:
         self.qps: list[QueuePair] = []
         self.data = self.rng.randbytes(MTU)  # repeated: the payload pattern
         self.mrs: dict[int, MRTable] = {}
-        self.credit_mgrs: dict[int, CreditManager] = {}
+        self.engines: dict[int, Engine] = {}
         self.flow_of: dict[int, Flow] = {}
         self._qpn = 0x100
         self.bins: dict[int, int] = {}
@@ -121,21 +125,28 @@ class Run:
             self.mrs[host.id] = t
         return t
 
+    def _engine(self, host, credits: CreditConfig | None) -> Engine:
+        e = self.engines.get(host.id)
+        if e is None:
+            e = self.engines[host.id] = Engine(credits, max_qps=4096, max_mrs=4)
+        return e
+
     def connect(self, src, dst, *, cc: CCConfig, paths: int = 1,
                 credits: CreditConfig | None = None, size: int, msg: int = MiB,
                 depth: int = 4) -> Flow:
         f = self.fabric
         qpa, qpb = self._qpn, self._qpn + 1
         self._qpn += 2
-        mgr_a = mgr_b = None
-        if credits is not None and self.mode is Mode.METAROCE:
-            mgr_a = self.credit_mgrs.setdefault(src.id, CreditManager(credits))
-            mgr_b = self.credit_mgrs.setdefault(dst.id, CreditManager(credits))
+        if self.mode is not Mode.METAROCE:
+            credits = None
+        use = True if credits is not None else None
         npaths = paths if self.mode is Mode.METAROCE else 1
         a = QueuePair(qpa, self.mode, MRTable(), min_rto_ns=f.min_rto_ns, cc=cc, paths=npaths,
-                      credits=mgr_a, seed=self.seed)
+                      credits=use, seed=self.seed, engine=self._engine(src, credits),
+                      _test_break=self.breaks)
         b = QueuePair(qpb, self.mode, self._mr(dst, msg), min_rto_ns=f.min_rto_ns, cc=cc,
-                      paths=npaths, credits=mgr_b, seed=self.seed)
+                      paths=npaths, credits=use, seed=self.seed,
+                      engine=self._engine(dst, credits))
         psn_a, psn_b = self.rng.randrange(1 << 24), self.rng.randrange(1 << 24)
         for q, peer, sq, rq in ((a, qpb, psn_a, psn_b), (b, qpa, psn_b, psn_a)):
             q.modify(QPState.INIT)
@@ -248,11 +259,11 @@ MULTIPATH_DEFAULTS = dict(host_gbps=400, fabric_gbps=100, size_mib=32, msg_kib=1
 
 def run_loss(loss: float, mode: str = "metaroce", seed: int = 1, rate_gbps: float = 100,
              size_mib: float = 16, msg_kib: int = 1024, baseline: bool = True,
-             fabric: Fabric | None = None) -> dict:
+             fabric: Fabric | None = None, _test_break: str | None = None) -> dict:
     """One QP pair over h0 — s0 — h1; every switch egress loses frames with probability
     ``loss`` (so each packet and each ACK is lost with probability ``loss``)."""
     def once(p):
-        r = Run(seed, mode, fabric)
+        r = Run(seed, mode, fabric, _test_break)
         rate = rate_gbps * 1e9
         r.net, a, b = N.pair(r.sim, rate, r.fabric.delay_ns, loss=p, **r.sw())
         cc = CCConfig(line_rate_bps=rate, base_rtt_ns=base_rtt_ns([rate] * 2, r.fabric.delay_ns))
@@ -274,12 +285,12 @@ def run_loss(loss: float, mode: str = "metaroce", seed: int = 1, rate_gbps: floa
 
 def run_incast(senders: int, credits: bool = True, mode: str = "metaroce", seed: int = 1,
                rate_gbps: float = 100, size_kib: int = 1024, msg_kib: int = 256, qps: int = 1,
-               fabric: Fabric | None = None) -> dict:
+               fabric: Fabric | None = None, _test_break: str | None = None) -> dict:
     """``senders`` hosts each write ``size_kib`` per QP (``qps`` QPs each) to one receiver
     behind the same switch, all starting at once."""
     if senders < 1 or qps < 1:
         raise ValueError("senders and qps must be >= 1")
-    r = Run(seed, mode, fabric)
+    r = Run(seed, mode, fabric, _test_break)
     rate = rate_gbps * 1e9
     r.net, txs, rx = N.incast(r.sim, senders, rate, r.fabric.delay_ns, **r.sw())
     rtt = base_rtt_ns([rate] * 2, r.fabric.delay_ns)
@@ -294,14 +305,14 @@ def run_incast(senders: int, credits: bool = True, mode: str = "metaroce", seed:
            "credits": credits, "qps_per_sender": qps, "rate_gbps": rate_gbps,
            "size_kib": size_kib, "msg_kib": msg_kib}
     out.update(r.metrics())
-    out["credit_grants"] = sum(m.grants for m in r.credit_mgrs.values())
+    out["credit_grants"] = sum(e.grants for e in r.engines.values())
     return out
 
 
 def run_multipath(paths: int, fail_at: float | None = None, mode: str = "metaroce",
                   seed: int = 1, host_gbps: float = 400, fabric_gbps: float = 100,
                   size_mib: float = 32, msg_kib: int = 1024, entropies: int | None = None,
-                  fabric: Fabric | None = None) -> dict:
+                  fabric: Fabric | None = None, _test_break: str | None = None) -> dict:
     """One QP pair between hosts on different leaves of a leaf-spine fabric with ``paths``
     spines (equal-cost paths). Host links are faster than one spine link, so one path alone is
     the bottleneck. MetaRoCE sprays over ``entropies`` source ports (default 4 × paths, at
@@ -312,7 +323,7 @@ def run_multipath(paths: int, fail_at: float | None = None, mode: str = "metaroc
     ent = entropies or min(64, 4 * paths)
     if not 1 <= ent <= 64:
         raise ValueError("entropies must be in 1..64")
-    r = Run(seed, mode, fabric)
+    r = Run(seed, mode, fabric, _test_break)
     hr, fr = host_gbps * 1e9, fabric_gbps * 1e9
     r.net, left, right, fab = N.leaf_spine(r.sim, paths, 1, hr, fr, r.fabric.delay_ns,
                                            **r.sw())

@@ -37,7 +37,7 @@ ICRC_LEN = 4
 PETH_LEN = 20
 SACKETH_LEN = 32
 CREDITETH_LEN = 8
-CMETH_LEN = 48
+CMETH_LEN = 52
 SACK_BITMAP_BITS = 128
 
 # --- BTH ---------------------------------------------------------------------------------------
@@ -107,6 +107,8 @@ class Opcode(IntEnum):
     MR_ATOMIC_ACKNOWLEDGE = 0xD2
     MR_COMPARE_SWAP = 0xD3
     MR_FETCH_ADD = 0xD4
+    MR_SEND_LAST_WITH_INVALIDATE = 0xD6
+    MR_SEND_ONLY_WITH_INVALIDATE = 0xD7
     # MetaRoCE control opcodes.
     MR_CREDIT = 0xE0
     MR_CM = 0xE1
@@ -206,7 +208,10 @@ class Cap(IntEnum):
 
 
 CAPS_DEFINED = sum(int(c) for c in Cap)
-CM_VERSION = 1
+CM_VERSION = 2  # the CMETH layout of spec version 2 (VER-2); version 1 is withdrawn
+CMETH_MAGIC = 0x4D52434D  # "MRCM": every CMETH block starts with it (VER-4)
+CM_TCP_PORT = 4791  # the CM side channel's default TCP port (VER-5)
+CMETH_PREFIX_LEN = 12  # magic, type, version, reject reason, txn id: the same in every version
 MAX_PATHS = 64
 
 # IB MTU enum -> bytes

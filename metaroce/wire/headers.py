@@ -404,7 +404,9 @@ class CREDITETH(Header):
 
 @dataclass(frozen=True)
 class CMETH(Header):
-    """MetaRoCE connection-management block (48 bytes), in MR_CM packets and CM private data."""
+    """MetaRoCE connection-management block (52 bytes in version 2), in MR_CM packets, on the CM
+    side channel and in CM private data. It starts with the magic (VER-4); its first 12 bytes
+    keep their layout in every version (VER-2), see :meth:`prefix`."""
 
     cm_type: int
     txn_id: int
@@ -434,17 +436,36 @@ class CMETH(Header):
         if not isinstance(self.gid, bytes) or len(self.gid) != 16:
             raise ValueError("CMETH.gid is 16 bytes")
 
+    _FMT = "!IBBHIIIIBBBBBBBBI16s"
+
     def pack(self) -> bytes:
         return struct.pack(
-            "!BBHIIIIBBBBBBBBI16s", self.cm_type, self.version, self.reject_reason, self.txn_id,
+            self._FMT, C.CMETH_MAGIC, self.cm_type, self.version, self.reject_reason, self.txn_id,
             self.qpn, self.start_psn, self.caps, self.mtu, self.max_paths, self.timeout,
             self.retry_cnt << 5 | self.rnr_retry << 2, self.max_rd_atomic,
             self.max_dest_rd_atomic, self.min_rnr_timer, 0, self.window_pkts, self.gid)
 
+    @staticmethod
+    def prefix(buf) -> dict | None:
+        """The version-independent first 12 bytes (VER-2) — cm_type, version, reject_reason,
+        txn_id — or None when buf does not start with the magic (VER-4: not a CMETH)."""
+        if len(buf) < C.CMETH_PREFIX_LEN:
+            return None
+        magic, cm_type, version, reject, txn = struct.unpack_from("!IBBHI", buf)
+        if magic != C.CMETH_MAGIC:
+            return None
+        return {"cm_type": cm_type, "version": version, "reject_reason": reject, "txn_id": txn}
+
     @classmethod
     def _unpack(cls, b, off):
-        (cm_type, version, reject, txn, qpn, psn, caps, mtu, paths, timeout, retries, rd, drd,
-         rnr, resv, window, gid) = struct.unpack("!BBHIIIIBBBBBBBBI16s", b)
+        (magic, cm_type, version, reject, txn, qpn, psn, caps, mtu, paths, timeout, retries, rd,
+         drd, rnr, resv, window, gid) = struct.unpack(cls._FMT, b)
+        if magic != C.CMETH_MAGIC:
+            raise ParseError(Reason.BAD_FIELD, f"no CMETH magic (0x{magic:08x})", off)
+        if version != C.CM_VERSION:
+            raise ParseError(Reason.BAD_FIELD, f"CMETH version {version} (this end implements "
+                             f"{C.CM_VERSION}); only its first {C.CMETH_PREFIX_LEN} bytes are "
+                             f"readable", off)
         if cm_type not in C.CmType.__members__.values():
             raise ParseError(Reason.BAD_FIELD, f"CMETH unknown cm_type {cm_type}", off)
         if qpn >> 24 or psn >> 24 or timeout >> 5 or retries & 3 or rnr >> 5 or resv:

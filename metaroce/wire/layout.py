@@ -45,6 +45,8 @@ LAYOUTS: dict[int, Layout] = {
     O.MR_CREDIT: Layout((CREDITETH,), False),
     O.MR_CM: Layout((CMETH,), False),
     O.MR_PROBE: Layout((PETH,), False),
+    O.MR_SEND_LAST_WITH_INVALIDATE: Layout((PETH, IETH), True),
+    O.MR_SEND_ONLY_WITH_INVALIDATE: Layout((PETH, IETH), True),
 }
 assert set(LAYOUTS) == {int(o) for o in O}, "every opcode has a layout"
 

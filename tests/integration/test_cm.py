@@ -131,3 +131,57 @@ def test_refused_unreachable_and_bad_arguments(sides):
     with pytest.raises(cm.CmError, match="not an IP address"):
         cm.connect(a.ctx, "h2", 18620, pd=a.pd, send_cq=a.cq)
     assert a.ctx.status()["qps"] == []             # nothing left behind by the failures
+
+
+def _raw_exchange(a, view, port, payload):
+    """A client that is not metaroce.cm: send raw bytes to the listener, read its answer until
+    it closes the connection."""
+    import socket
+    import time
+    from metaroce.cm.channel import tcp_socket
+    for _ in range(50):
+        s = tcp_socket(a.dev.netns, socket.AF_INET)
+        s.settimeout(5)
+        try:
+            s.connect((ip_of(view, "h2"), port))
+            break
+        except ConnectionRefusedError:
+            s.close()
+            time.sleep(0.05)
+    s.sendall(payload)
+    got = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    return got
+
+
+def test_cm_port_magic_and_version(sides):
+    """VER-5: the listener's default port is 4791. VER-4: bytes without the CMETH magic are not
+    answered. VER-2: a CONNECT_REQ of another version gets REJECT BAD_VERSION, written in
+    version 2."""
+    from metaroce.wire import consts as C
+    from metaroce.wire.headers import CMETH
+    view, a, b = sides
+    with cm.listen(b.ctx) as lis:
+        assert lis.port == cm.DEFAULT_PORT == 4791
+    req = CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=0x5EED, qpn=0x11, start_psn=1, mtu=3,
+                caps=3, window_pkts=128).pack()
+    for payload, expect in ((bytes(C.CMETH_LEN + 2), "magic"),
+                            (req[:5] + bytes([3]) + req[6:] + b"\0\0", "BAD_VERSION")):
+        out = {}
+        t = threading.Thread(target=serve, args=(b, out, 18630))
+        t.start()
+        got = _raw_exchange(a, view, 18630, payload)
+        t.join(15)
+        assert isinstance(out.get("error"), cm.CmError)
+        if expect == "magic":
+            assert got == b"" and "magic" in str(out["error"])
+        else:
+            rej = CMETH.parse(got[:C.CMETH_LEN])
+            assert (rej.cm_type, rej.reject_reason, rej.txn_id, rej.version) == \
+                (C.CmType.REJECT, C.CmReject.BAD_VERSION, 0x5EED, 2)
+    assert b.ctx.status()["qps"] == []

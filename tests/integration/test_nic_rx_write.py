@@ -47,7 +47,7 @@ def delta(rx, before):
 
 def test_write_only_is_placed_in_the_kernel(rx):
     mr = rx.reg_mr(1 << 20, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)
-    rx.set_qp(QPN, epsn=1000, pd=PD)
+    rx.set_qp(QPN, epsn=1000, pd=PD, pmtu=4096)       # an ONLY carries at most the MTU (RESP-15)
     data = bytes(range(256)) * 8
     before = rx.counters()
     rc, _, _ = rx.run(pkt(WRITE_ONLY, 1000, reth(mr.addr + 4096, mr.rkey, len(data)) + data))
@@ -60,7 +60,7 @@ def test_write_only_is_placed_in_the_kernel(rx):
 @pytest.mark.parametrize("v6", [False, True])
 def test_multi_packet_write_across_a_chunk_boundary(rx, v6):
     mr = rx.reg_mr(3 * 65536, PD, ACCESS_REMOTE_WRITE)
-    rx.set_qp(QPN, epsn=0xFFFFFE, pd=PD)         # the PSN wraps at 2^24 mid-message
+    rx.set_qp(QPN, epsn=0xFFFFFE, pd=PD, pmtu=4096)   # the PSN wraps at 2^24 mid-message
     msg = bytes((i * 7) & 0xFF for i in range(3 * 4096))
     start = 65536 - 5000                          # the 2nd packet straddles chunks 0 and 1
     psn = 0xFFFFFE
@@ -207,7 +207,7 @@ def test_gap_is_nacked_once_and_duplicates_are_reacked(rx):
 @pytest.mark.parametrize("v6", [False, True])
 def test_icrc_is_verified_before_placement(rx, v6):
     mr = rx.reg_mr(65536, PD, ACCESS_REMOTE_WRITE)
-    rx.set_qp(QPN, epsn=0, pd=PD)
+    rx.set_qp(QPN, epsn=0, pd=PD, pmtu=2048)
     data = bytes(range(200)) * 7                  # 1400 B: full ICRC chunks plus a tail
     good = bytearray(pkt(WRITE_ONLY, 0, reth(mr.addr, mr.rkey, len(data)) + data, v6=v6))
     for flip in (len(good) - 100, len(good) - 1, 14 + (40 if v6 else 20) + 8 + 11):
@@ -225,7 +225,7 @@ def test_icrc_is_verified_before_placement(rx, v6):
         masked[14 + 10:14 + 12] = b"\0\0"
         from scapy.layers.inet import checksum
         masked[14 + 10:14 + 12] = checksum(bytes(masked[14:34])).to_bytes(2, "big")
-    rx.set_qp(QPN, epsn=0, pd=PD, dqpn=PEER_QPN)   # a fresh QP: no CNP sent recently
+    rx.set_qp(QPN, epsn=0, pd=PD, dqpn=PEER_QPN, pmtu=2048)   # fresh: no CNP sent recently
     rc, out, _ = rx.run(bytes(masked))
     assert bytes(mr.buf[:len(data)]) == data
     # the CE mark is answered with a CNP to the sender's QP (COMPAT-4, HDR-11)
@@ -239,7 +239,7 @@ def test_icrc_is_verified_before_placement(rx, v6):
 @pytest.mark.parametrize("size", [0, 1, 7, 8, 255, 256, 257, 4096])
 def test_icrc_every_length_class(rx, size):
     mr = rx.reg_mr(8192, PD, ACCESS_REMOTE_WRITE)
-    rx.set_qp(QPN, epsn=0, pd=PD)
+    rx.set_qp(QPN, epsn=0, pd=PD, pmtu=4096)
     data = bytes((i * 31) & 0xFF for i in range(size))
     before = rx.counters()
     pad = -size % 4                           # padded as WIRE-10 requires
@@ -247,7 +247,7 @@ def test_icrc_every_length_class(rx, size):
     assert rc == XDP_DROP and delta(rx, before) == {"placed": 1}
     assert bytes(mr.buf[:size]) == data
     if pad:                                   # unpadded, the same packet is refused
-        rx.set_qp(QPN, epsn=1, pd=PD)
+        rx.set_qp(QPN, epsn=1, pd=PD, pmtu=4096)
         before = rx.counters()
         rc, _, _ = rx.run(pkt(WRITE_ONLY, 1, reth(mr.addr, mr.rkey, size) + data))
         assert rc == XDP_DROP and delta(rx, before) == {"malformed": 1}
@@ -272,9 +272,16 @@ def test_other_traffic_passes_untouched(rx):
         before = rx.counters()
         rc, out, _ = rx.run(p)
         assert rc == XDP_PASS and out == p and delta(rx, before) == {reason: 1}
-    before = rx.counters()                        # an opcode this data path does not implement
-    rc, _, _ = rx.run(pkt(0x17, 0, b"send with invalidate" + bytes(4)))
+    before = rx.counters()                        # a reserved opcode (0x15)
+    rc, _, _ = rx.run(pkt(0x15, 0, bytes(4)))
     assert rc == XDP_DROP and delta(rx, before) == {"unsupported_opcode": 1}
+    # send with invalidate is optional and not implemented: an invalid request, NAK 0x61 and
+    # the QP to ERR, never a silent drop (HDR-14, HDR-15)
+    before = rx.counters()
+    rc, out, _ = rx.run(pkt(0x17, 0, struct.pack("!I", 0x1234) + b"send with invalidate"))
+    assert rc == XDP_TX and delta(rx, before) == {"invalid_request": 1, "tx_nak_inv_req": 1}
+    _, aeth, _ = _reply(out)
+    assert aeth.syndrome == 0x61
 
 
 

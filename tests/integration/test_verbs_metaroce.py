@@ -6,6 +6,7 @@ retransmitted one by one (SACK-4/5) instead of going back N, and completions sta
 
 import hashlib
 import os
+import time
 
 import pytest
 from verbs_util import End, connect, daemons, ip_of, lab_pair
@@ -133,4 +134,27 @@ def test_a_peer_that_does_not_ask_gets_roce(pair):
                           remote_addr=b.mr.addr, rkey=b.mr.rkey))
     ok(a.cq.wait(1), [1])
     assert b.mr.read(4096) == b"x" * 4096
+    close(a, b)
+
+
+def test_infinite_timeout_still_repairs_and_never_fails(pair):
+    """RTO-4 (C9): with timeout 0 a MetaRoCE requester keeps retransmitting (RTO_max 1 s) while
+    the peer is unreachable, never fails for it (retry_cnt 0), and completes once the path is
+    back. Before, the data path ran no RTO at all with timeout 0: a lost packet was never
+    repaired."""
+    view, c1, c2 = pair
+    a, b = End(c1, MiB), End(c2, MiB)
+    connect(a, b, ip_of(view, "h1"), ip_of(view, "h2"), mode="metaroce", timeout=0, retry_cnt=0)
+    view.impair("h1-sw1", "both", Impairment(loss=1.0, seed=3).validate())
+    try:
+        a.mr.write(b"patient" * 8)
+        a.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=9, sg_list=[a.mr.sge(0, 56)],
+                              remote_addr=b.mr.addr, rkey=b.mr.rkey))
+        time.sleep(2.5)                                  # a silent peer ...
+        assert a.cq.poll(1) == []                        # ... fails nothing (retry_cnt 0)
+        assert a.qp.query()["retransmitted_packets"] >= 1
+    finally:
+        view.impair("h1-sw1", "both", None)
+    ok(a.cq.wait(1, timeout_s=5), [9])
+    assert b.mr.read(56) == b"patient" * 8
     close(a, b)

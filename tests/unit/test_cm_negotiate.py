@@ -1,5 +1,6 @@
 """Connection-management rules without a network: capability negotiation (CM-5, CM-6),
-request validation (CM-10), GIDs (WIRE-12), path MTU (CM-1)."""
+request validation (CM-10, VER-2), GIDs (WIRE-12), path MTU (CM-1), the CMETH block's magic and
+version-independent prefix (VER-2, VER-4)."""
 
 import pytest
 
@@ -11,7 +12,8 @@ Cap = C.Cap
 
 
 def req(**kw):
-    base = dict(cm_type=C.CmType.CONNECT_REQ, txn_id=7, qpn=0x12, start_psn=5, mtu=3)
+    base = dict(cm_type=C.CmType.CONNECT_REQ, txn_id=7, qpn=0x12, start_psn=5, mtu=3,
+                window_pkts=128)
     return CMETH(**{**base, **kw})
 
 
@@ -41,9 +43,10 @@ def test_compat_target_answers_compat_unless_mandatory():
     ({"mtu": 0}, C.CmReject.INVALID_PARAMS), ({"mtu": 6}, C.CmReject.INVALID_PARAMS),
     ({"caps": Cap.MULTIPATH, "max_paths": 0}, C.CmReject.INVALID_PARAMS),
     ({"caps": Cap.MULTIPATH, "max_paths": 65}, C.CmReject.INVALID_PARAMS),
-    ({"version": 2}, C.CmReject.BAD_VERSION)])
+    ({"caps": 3, "window_pkts": 0}, C.CmReject.INVALID_PARAMS),
+    ({"version": 1}, C.CmReject.BAD_VERSION), ({"version": 3}, C.CmReject.BAD_VERSION)])
 def test_invalid_requests(fields, reason):
-    """CM-10 and CM-6 (version)."""
+    """CM-10 and VER-2 (version)."""
     with pytest.raises(N.Rejected) as e:
         N.accept(req(**fields), "metaroce")
     assert e.value.reason == reason
@@ -72,3 +75,28 @@ def test_paths_negotiation():
     assert N.local_paths(None) == N.DEFAULT_PATHS and N.local_paths(0) == 0
     with pytest.raises(ValueError):
         N.local_paths(9)
+
+
+def test_options_without_the_pair_mean_compat():
+    """CM-5 (C7): an answer is 0 or holds SACK + PLACEMENT; CNP_EXT or MULTIPATH alone is 0."""
+    for offered in (Cap.CNP_EXT, Cap.MULTIPATH | Cap.SACK, Cap.CREDIT | Cap.PLACEMENT,
+                    Cap.DELAY_TS | Cap.CNP_EXT | Cap.MULTIPATH):
+        assert N.accept(req(caps=offered, max_paths=4), "metaroce") == 0
+        assert N.effective(offered) == 0
+    assert N.effective(3 | Cap.CNP_EXT) == 3 | Cap.CNP_EXT
+
+
+def test_cmeth_magic_and_prefix():
+    """VER-4: 52 bytes starting with "MRCM"; VER-2: the first 12 bytes read in any version."""
+    b = req(caps=3).pack()
+    assert len(b) == C.CMETH_LEN == 52 and b[:4] == b"MRCM"
+    assert CMETH.parse(b) == req(caps=3)
+    assert CMETH.prefix(b) == {"cm_type": 1, "version": 2, "reject_reason": 0, "txn_id": 7}
+    other = b[:5] + bytes([3]) + b[6:]                  # a version-3 block
+    assert CMETH.prefix(other)["version"] == 3
+    from metaroce.wire import ParseError
+    for bad in (other, b"XRCM" + b[4:], bytes(52)):
+        with pytest.raises(ParseError) as e:
+            CMETH.parse(bad)
+        assert e.value.reason.value == "bad_field"
+    assert CMETH.prefix(b"XRCM" + b[4:]) is None and CMETH.prefix(b[:11]) is None

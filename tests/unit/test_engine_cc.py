@@ -5,12 +5,13 @@ Clauses: CC-1 … CC-9, MP-1 … MP-5, SACK-5, RTO-1, RTO-3, COMPAT-4, COMPAT-5.
 
 import pytest
 
-from metaroce.engine import Access, Mode, SendWR, WcStatus, WrOpcode
+from metaroce.engine import Access, Mode, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.engine import packets as P
 from metaroce.engine.cc import CCConfig, Dcqcn, Pacer, WindowCC
 from metaroce.engine.credits import CreditConfig, CreditGate, CreditManager
+from metaroce import cengine
 from metaroce.engine.multipath import PathSet, flow_label_sport
-from metaroce.engine.queue_pair import QueuePair
+from metaroce.engine.queue_pair import QueuePair as PyQueuePair
 from metaroce.engine.qp import QPState
 from metaroce.sim.channel import EventLoop, Impairment, Pair
 from metaroce.wire.consts import UDP_SPORT_MAX, UDP_SPORT_MIN
@@ -125,7 +126,8 @@ def test_path_set_evicts_mostly_marked_path():
 
 
 def test_credit_manager_shares_the_bdp():
-    """CC-8: share = max(1, BDP packets / active senders); none below min_senders."""
+    """CC-8: share = max(1, ceil(BDP packets / active senders)) (rules decided: together the
+    shares cover one BDP); none below min_senders."""
     cfg = CreditConfig(link_rate_bps=100e9, base_rtt_ns=8_000, mtu=4096, idle_ns=20_000)
     m = CreditManager(cfg)
     assert cfg.bdp_pkts == 24
@@ -134,6 +136,8 @@ def test_credit_manager_shares_the_bdp():
     for k in range(2, 5):
         m.touch(k, 100)
     assert m.share(100) == 6
+    m.touch(5, 150)
+    assert m.share(150) == 5              # 24 / 5: 5 x 5 >= 24 (4 x 5 would leave a gap)
     for k in range(5, 60):
         m.touch(k, 200)
     assert m.share(200) == 1
@@ -155,7 +159,13 @@ def test_credit_gate_ordering_and_limit():
     assert g.on_grant(6, False, 0, 0, 4) and g.allows(10**6)
 
 
-def _connect(mode, cc=None, paths=1, credits=None, window=128):
+@pytest.fixture(params=[cengine.QueuePair, PyQueuePair], ids=["c", "py"])
+def QP(request):
+    """QP-level clauses hold for the C engine and the Python reference model."""
+    return request.param
+
+
+def _connect(QueuePair, mode, cc=None, paths=1, credits=None, window=128):
     a = QueuePair(0x11, mode, min_rto_ns=50_000, cc=cc, paths=paths, credits=credits)
     b = QueuePair(0x22, mode, min_rto_ns=50_000, cc=cc, paths=paths, credits=credits)
     mem = bytearray(1 << 20)
@@ -167,10 +177,10 @@ def _connect(mode, cc=None, paths=1, credits=None, window=128):
     return a, b, mem
 
 
-def test_cwnd_bounds_inflight_bytes():
+def test_cwnd_bounds_inflight_bytes(QP):
     """CC-1: with a stalled receiver, unacknowledged bytes never exceed cwnd."""
     cfg = CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000)
-    a, b, _ = _connect(Mode.METAROCE, cc=cfg)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=cfg)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(64 * MTU), 0, 64 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     sent = sum(len(p.payload) + 64 for p in pk)
@@ -178,10 +188,10 @@ def test_cwnd_bounds_inflight_bytes():
     assert a.req.blocked == "cwnd"
 
 
-def test_sack_echoes_path_timestamp_ce_and_multipath_spray():
+def test_sack_echoes_path_timestamp_ce_and_multipath_spray(QP):
     """CC-2/CC-7 and MP-1/MP-2: the SACK echoes PathID, timestamp and CE; packets go out on
     distinct ports, one PathID per port."""
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG, paths=4)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG, paths=4)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 1000)
     pk = a.take_packets()
     assert len({p.sport for p in pk}) == 4
@@ -195,10 +205,10 @@ def test_sack_echoes_path_timestamp_ce_and_multipath_spray():
     assert a.req.last_rtt == 8000 and a.req.paths.paths[pk[0].path].ecn == 1
 
 
-def test_compat_cnp_interval_and_rate_cut():
+def test_compat_cnp_interval_and_rate_cut(QP):
     """COMPAT-4: CE-marked requests make at most one CNP per 50 us; the sender's rate falls
     and it paces. COMPAT-5: one fixed source port."""
-    a, b, _ = _connect(Mode.COMPAT, cc=CFG)
+    a, b, _ = _connect(QP, Mode.COMPAT, cc=CFG)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     assert len({p.sport for p in pk}) == 1
@@ -211,11 +221,11 @@ def test_compat_cnp_interval_and_rate_cut():
     assert a.req.dcqcn.limited and a.req.stats["cnp"] == 1
 
 
-def test_credit_liveness_without_any_grant():
+def test_credit_liveness_without_any_grant(QP):
     """CC-9: every MR_CREDIT dropped: the sender probes and the transfer still completes."""
     cfg = CreditConfig(link_rate_bps=10e9, base_rtt_ns=10_000, mtu=MTU, initial_credit_pkts=2)
     mgr = CreditManager(cfg)
-    a, b, mem = _connect(Mode.METAROCE, cc=CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000),
+    a, b, mem = _connect(QP, Mode.METAROCE, cc=CCConfig(line_rate_bps=10e9, base_rtt_ns=10_000),
                          credits=mgr)
     loop = EventLoop(4)
     no_credit = Impairment(drop=lambda p, i: p.opcode == O.MR_CREDIT)
@@ -227,10 +237,10 @@ def test_credit_liveness_without_any_grant():
     assert a.req.stats["probes"] >= 1 and b.resp.stats["probes"] >= 1
 
 
-def test_credit_grant_ends_implicit_credit_for_a_lone_sender():
+def test_credit_grant_ends_implicit_credit_for_a_lone_sender(QP):
     """CC-8: a sender starts with its initial credit; a receiver without incast answers A=0."""
     mgr = CreditManager(CreditConfig(mtu=MTU, initial_credit_pkts=2))
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG, credits=mgr)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG, credits=mgr)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(8 * MTU), 0, 8 * MTU, 0x1000, 7), 0)
     pk = a.take_packets()
     assert len(pk) == 2 and a.req.blocked == "credit"
@@ -241,16 +251,76 @@ def test_credit_grant_ends_implicit_credit_for_a_lone_sender():
     assert not a.req.credit.active and len(a.take_packets()) == 6
 
 
-def test_tail_rto_is_low():
+def test_tail_rto_is_low(QP):
     """RTO-3: with at most 4 packets outstanding the RTO is max(2 SRTT, RTO_min)."""
-    a, b, _ = _connect(Mode.METAROCE, cc=CFG)
-    a.req.rto.sample(100_000)
+    a, b, _ = _connect(QP, Mode.METAROCE, cc=CFG)
     a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(MTU), 0, MTU, 0x1000, 7), 0)
+    b.receive(a.take_packets()[0], 50_000)           # one round trip of 100 us
+    a.receive(b.take_packets()[0], 100_000)
+    assert a.req.rto.srtt == 100_000
+    a.post_send(SendWR(2, WrOpcode.RDMA_WRITE, bytes(MTU), 0, MTU, 0x1000, 7), 100_000)
     assert a.req.timeout_ns() == 200_000 < a.req.rto.rto_ns
 
 
-def test_control_opcodes_are_ignored_in_compat_mode():
-    a, b, _ = _connect(Mode.COMPAT)
+def test_control_opcodes_are_ignored_in_compat_mode(QP):
+    a, b, _ = _connect(QP, Mode.COMPAT)
     b.receive(P.Packet(int(O.MR_PROBE), 100, 0x22, place=P.Placement(0, 0, 0)), 0)
     a.receive(P.Packet(int(O.MR_CREDIT), 1, 0x11, grant=(True, 0, 0)), 0)
     assert b.take_packets() == [] and a.req.credit is None
+
+
+# --- the rules decided in docs/engine.md, on both engines -----------------------------------------
+
+def _pair(QP, mode, ab=None, ba=None, **modify):
+    a, b, mem = _connect(QP, mode)
+    for q in (a, b):
+        if modify:
+            q.modify(QPState.RTS, **modify)
+    loop = EventLoop(5)
+    return a, b, mem, loop, Pair(loop, a, b, ab or Impairment(), ba or Impairment())
+
+
+def test_rto_backs_off_to_the_local_ack_timeout_not_beyond(QP):
+    """RTO-1/RTO-2: RTO_max is the local ACK timeout (here 2^8 x 4.096 us = 1.05 ms). After one
+    RTT sample the RTO is RTO_min (50 us); with the responder black-holed it doubles up to the
+    local ACK timeout, never beyond, and the QP fails after retry_cnt expiries at it: within
+    milliseconds (with a 1 s RTO_max it took seconds)."""
+    a, b, _, loop, pair = _pair(QP, Mode.METAROCE, ab=Impairment(drop=lambda p, i: i >= 1),
+                                retry_cnt=3)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, b"x", 0, 1, 0x1000, 7))
+    loop.run(until=20_000)
+    assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS]
+    pair.post_send(a, SendWR(2, WrOpcode.RDMA_WRITE, b"y", 0, 1, 0x1000, 7))
+    loop.run(until=10**9, stop=lambda: bool(a.cq))
+    assert [c.status for c in a.poll_cq()] == [WcStatus.RETRY_EXC_ERR]
+    sends = [t for t, _ in pair.links[id(a)].log][1:]
+    gaps = [y - x for x, y in zip(sends, sends[1:])]
+    top = 4096 * 2**8
+    assert gaps == [50_000, 100_000, 200_000, 400_000, 800_000] + [top] * (len(gaps) - 5)
+    assert len(gaps) == 5 + 3 and loop.now < 10 * top
+
+
+def test_rnr_budget_is_per_psn(QP):
+    """RESP-6: rnr_retry counts RNR NAKs of the same PSN; progress restores it. Three SENDs,
+    each NAKed once before its receive is posted, complete with rnr_retry = 1."""
+    a, b, _, loop, pair = _pair(QP, Mode.COMPAT, rnr_retry=1)
+    for i in range(3):
+        loop.at(i * 100_000, pair.post_send, a, SendWR(i, WrOpcode.SEND, b"m", 0, 1))
+        loop.at(i * 100_000 + 5_000, pair.post_recv, b, RecvWR(i, bytearray(4)))
+    loop.run(until=10**9)
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(i, WcStatus.SUCCESS) for i in range(3)]
+    assert a.req.stats["rnr"] == 3
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_packet_at_the_window_edge_asks_for_an_ack(QP, mode):
+    """The last packet a closed window lets out carries AckReq / ACK_NOW (RESP-1; the wire's
+    rule): a 20-packet WRITE through an 8-packet window completes without a timeout."""
+    a, b, mem, loop, pair = _pair(QP, mode, window=8)
+    data = bytes(range(256)) * 80
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, data, 0, len(data), 0x1000, 7))
+    loop.run(until=100_000)                  # far below the 1 ms local ACK timeout
+    assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS] and mem[:len(data)] == data
+    assert a.req.stats["timeouts"] == 0
+    first8 = [p for _, p in pair.links[id(a)].log][:8]
+    assert [p.ack_req for p in first8] == [False] * 7 + [True]

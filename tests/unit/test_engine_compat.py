@@ -1,11 +1,21 @@
 """Compat mode (RoCEv2 RC go-back-N): targeted scenarios with deterministic impairments."""
 
+import pytest
+
 from metaroce.engine import Access, Mode, QPState, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.engine import packets as P
 from metaroce.sim.channel import EventLoop, Impairment, Pair
 from metaroce.wire.consts import AethType, NakCode
 from metaroce.wire.consts import Opcode as O
+from tests.unit import engine_harness as H
 from tests.unit.engine_harness import connect
+
+
+@pytest.fixture(autouse=True, params=["c", "py"])
+def impl(request, monkeypatch):
+    """Every scenario runs on the C engine and on the Python reference model."""
+    monkeypatch.setattr(H, "DEFAULT_IMPL", request.param)
+    return request.param
 
 RKEY, BASE = 7, 0x4000
 
@@ -170,3 +180,21 @@ def test_completion_waits_for_read_response_even_after_later_ack():
     assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS),
                                                            (2, WcStatus.SUCCESS)]
     assert out == mem[:16]
+
+
+def test_every_duplicate_write_is_re_acked():
+    """RESP-4 / RESP-16: a duplicate SEND or WRITE is acknowledged again (ePSN - 1, the MSN)
+    with or without AckReq, as current Linux rxe and the XDP data path do (the engine answered
+    only duplicates with AckReq)."""
+    a, b, mem, loop, pair = setup()
+    e = 0xFFFFF8                                     # b's expected PSN (a's start PSN)
+    w = P.Packet(int(O.RC_RDMA_WRITE_ONLY), e, 0x22, ack_req=True, reth=P.Reth(BASE, RKEY, 4),
+                 payload=b"once")
+    b.receive(w, 0)
+    assert [(p.opcode, p.psn) for p in b.take_packets()] == [(O.RC_ACKNOWLEDGE, e)]
+    for ack_req in (False, True):
+        b.receive(P.Packet(int(O.RC_RDMA_WRITE_ONLY), e, 0x22, ack_req=ack_req,
+                           reth=P.Reth(BASE, RKEY, 4), payload=b"TWCE"), 10)
+        out = b.take_packets()
+        assert [(p.opcode, p.psn, p.aeth.msn) for p in out] == [(O.RC_ACKNOWLEDGE, e, 1)]
+    assert bytes(mem[:4]) == b"once"                 # never executed twice

@@ -8,7 +8,15 @@ from metaroce.engine.rto import RtoEstimator
 from metaroce.sim.channel import EventLoop, Impairment, Pair
 from metaroce.wire.consts import AethType, NakCode
 from metaroce.wire.consts import Opcode as O
+from tests.unit import engine_harness as H
 from tests.unit.engine_harness import connect
+
+
+@pytest.fixture(autouse=True, params=["c", "py"])
+def impl(request, monkeypatch):
+    """Every scenario runs on the C engine and on the Python reference model."""
+    monkeypatch.setattr(H, "DEFAULT_IMPL", request.param)
+    return request.param
 
 RKEY, BASE = 7, 0x4000
 
@@ -81,8 +89,20 @@ def test_out_of_order_sends_complete_in_order():
     assert [c.wr_id for c in a.poll_cq()] == list(range(6))
 
 
+def first_copy_of(offsets):
+    """Drop the first transmission of the READ responses at these offsets."""
+    left = set(offsets)
+
+    def drop(p, i):
+        if P.base(p.opcode) in P.READ_RESP and p.place.offset in left:
+            left.discard(p.place.offset)
+            return True
+        return False
+    return drop
+
+
 def test_lost_read_responses_recovered_and_read_waits_for_them():
-    lose = lambda p, i: P.base(p.opcode) in P.READ_RESP and i in (1, 2)
+    lose = first_copy_of((256, 512))
     a, b, mem, loop, pair = setup(ba=Impairment(drop=lose))
     mem[:2048] = bytes(range(256)) * 8
     out = bytearray(2048)
@@ -152,3 +172,63 @@ def test_karn_no_sample_from_retransmitted_packets():
     loop.run()
     assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS]
     assert a.req.stats["timeouts"] == 1 and a.req.rto.samples == 0
+
+
+def test_rto_defaults_of_the_spec():
+    """RTO-1/PAR-2: RTO_min 50 us, G 5 us, RTO_max = the local ACK timeout (was max(it, 1 s)),
+    and RTO = RTO_max before the first sample (was a 10 us floor, 1 us G)."""
+    e = RtoEstimator(initial_ns=10**6)
+    e.sample(1_000)
+    assert e.rto_ns == 50_000                        # SRTT 1 us + max(4 x 0.5 us, 5 us) < RTO_min
+    e = RtoEstimator(initial_ns=10**6, min_ns=1)
+    for _ in range(20):
+        e.sample(10_000)                             # RTTVAR falls below G / 4
+    assert e.rto_ns == int(e.srtt + 5_000)
+    a, b, mem, loop, pair = setup(timeout=14)
+    assert a.req.rto.max == 4096 << 14 == a.req.rto.rto_ns   # before a sample: RTO_max
+    a, b, mem, loop, pair = setup(timeout=0)
+    assert a.req.rto.max == 10**9                    # RTO-4: 1 s with an infinite timeout
+
+
+def test_infinite_timeout_retransmits_but_never_fails():
+    """RTO-4 (C9): timeout 0 in MetaRoCE mode still repairs a loss with the RTO, but its
+    expiries consume no retry_cnt: a responder silent for 12 s does not fail the QP."""
+    silent_until = 12 * 10**9
+    drop = lambda p, i: loop.now < silent_until
+    a, b, mem, loop, pair = setup(ab=Impairment(drop=drop), timeout=0, retry_cnt=2)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, b"patient", 0, 7, BASE, RKEY))
+    loop.run(until=silent_until + 3 * 10**9)
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS)]
+    assert a.req.stats["timeouts"] > 2 + 3 and a.req.rto.max == 10**9
+    assert bytes(mem[:7]) == b"patient"
+
+
+def test_a_read_larger_than_the_window():
+    """SACK-9 (G2): the window bounds a request's PSN, not its responses': a READ of 4 W MTUs
+    is answered in full and the requests after it go once the responses arrived (the engine
+    refused such a READ at post time, and its responder dropped it)."""
+    a, b, mem, loop, pair = setup(window=8)
+    mem[:] = bytes(range(256)) * 64
+    n = 4 * 8 * 256                                  # 32 MTUs, window 8
+    buf = bytearray(n)
+    pair.post_send(a, SendWR(1, WrOpcode.RDMA_READ, buf, 0, n, BASE, RKEY))
+    pair.post_send(a, SendWR(2, WrOpcode.RDMA_WRITE, b"after", 0, 5, BASE + n, RKEY))
+    loop.run()
+    assert [(c.wr_id, c.status) for c in a.poll_cq()] == [(1, WcStatus.SUCCESS),
+                                                           (2, WcStatus.SUCCESS)]
+    assert bytes(buf) == bytes(mem[:n]) and bytes(mem[n:n + 5]) == b"after"
+
+
+def test_a_window_raised_in_rts_is_used():
+    """The PSN window may be raised in RTS (RTS -> RTS): the requester then sends up to the new
+    window at once (the C engine refused a window larger than the one its scoreboard was sized
+    for at RTS; the scoreboard grows now, as for a READ larger than any before, SACK-9)."""
+    a = H.IMPLS[H.DEFAULT_IMPL](0x11, Mode.METAROCE, H.MRTable())
+    a.modify(QPState.INIT)
+    a.modify(QPState.RTR, dest_qpn=0x22, rq_psn=0, path_mtu=256, window=8)
+    a.modify(QPState.RTS, sq_psn=0xFFFFF0)
+    a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, bytes(290 * 256), 0, 290 * 256, BASE, RKEY))
+    assert len(a.take_packets()) == 8
+    a.modify(QPState.RTS, window=300)
+    a.post_send(SendWR(2, WrOpcode.RDMA_WRITE, bytes(1), 0, 1, BASE, RKEY))
+    assert [p.psn for p in a.take_packets()] == [(0xFFFFF8 + i) % 2**24 for i in range(283)]

@@ -2,9 +2,16 @@
 
 import pytest
 
-from metaroce.engine import (Mode, QPAttr, QPState, QPStateError, QueuePair, RecvWR, SendWR,
-                             WcStatus, WrOpcode)
+from metaroce import cengine
+from metaroce import engine as pyengine
+from metaroce.engine import Mode, QPAttr, QPState, QPStateError, RecvWR, SendWR, WcStatus, WrOpcode
 from metaroce.engine.qp import check_transition, rnr_timer_ns
+
+
+@pytest.fixture(params=[cengine.QueuePair, pyengine.QueuePair], ids=["c", "py"])
+def QueuePair(request):
+    """The C engine and the Python reference model take the same verbs."""
+    return request.param
 
 S = QPState
 LEGAL = [(S.RESET, S.INIT), (S.INIT, S.RTR), (S.RTR, S.RTS), (S.RTS, S.SQD), (S.SQD, S.RTS),
@@ -30,7 +37,7 @@ def test_every_state_can_reset_and_error():
         check_transition(s, S.ERR)
 
 
-def test_modify_path_and_illegal_modify():
+def test_modify_path_and_illegal_modify(QueuePair):
     qp = QueuePair(5)
     with pytest.raises(QPStateError):
         qp.modify(S.RTS)
@@ -43,7 +50,7 @@ def test_modify_path_and_illegal_modify():
 
 @pytest.mark.parametrize("bad", [dict(path_mtu=1000), dict(timeout=32), dict(retry_cnt=8),
                                  dict(rnr_retry=9), dict(sq_psn=1 << 24), dict(window=0)])
-def test_attribute_validation(bad):
+def test_attribute_validation(bad, QueuePair):
     qp = QueuePair(5)
     qp.modify(S.INIT)
     with pytest.raises(ValueError):
@@ -58,7 +65,7 @@ def test_local_ack_timeout_and_rnr_table():
     assert rnr_timer_ns(0) == 655_360_000 and rnr_timer_ns(1) == 10_000
 
 
-def test_post_rules():
+def test_post_rules(QueuePair):
     qp = QueuePair(5)
     wr = SendWR(1, WrOpcode.SEND, b"x", 0, 1)
     with pytest.raises(QPStateError):
@@ -73,7 +80,7 @@ def test_post_rules():
         SendWR(2, WrOpcode.SEND_WITH_IMM, b"abc", 0, 3)
 
 
-def test_error_flushes_everything_in_order():
+def test_error_flushes_everything_in_order(QueuePair):
     qp = QueuePair(5, Mode.COMPAT)
     qp.modify(S.INIT)
     qp.modify(S.RTR, dest_qpn=6)
@@ -91,7 +98,7 @@ def test_error_flushes_everything_in_order():
     assert [(c.wr_id, c.status) for c in qp.poll_cq()] == [(7, WcStatus.WR_FLUSH_ERR)]
 
 
-def test_sqd_drains_but_issues_nothing_new():
+def test_sqd_drains_but_issues_nothing_new(QueuePair):
     qp = QueuePair(5)
     qp.modify(S.INIT)
     qp.modify(S.RTR, dest_qpn=6)
@@ -106,6 +113,6 @@ def test_sqd_drains_but_issues_nothing_new():
     assert [p.payload for p in qp.take_packets()] == [b"b", b"c"]
 
 
-def test_unknown_test_break_rejected():
+def test_unknown_test_break_rejected(QueuePair):
     with pytest.raises(ValueError):
         QueuePair(1, _test_break="typo")

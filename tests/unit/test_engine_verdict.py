@@ -135,3 +135,40 @@ def test_verdict_is_pure():
     a = v(M, **mw(0, off=512))
     b = v(M, **mw(0, off=512))
     assert a == b and M == before
+
+
+@pytest.mark.parametrize("state,op", [(C, O.RC_SEND_ONLY_WITH_INVALIDATE),
+                                      (C, O.RC_SEND_LAST_WITH_INVALIDATE),
+                                      (M, O.MR_SEND_ONLY_WITH_INVALIDATE)])
+def test_send_with_invalidate_is_an_invalid_request(state, op):
+    """HDR-14/HDR-15: send with invalidate is optional; not implementing it, the responder
+    answers an in-order one as an invalid request, never a silent drop (was DROP)."""
+    place = Placement(0, 0, 0) if state.metaroce else None
+    assert v(state, opcode=op, psn=state.epsn, payload_len=8, place=place).verdict \
+        is Verdict.NAK_INVALID
+    # PSN classes come first: a duplicate is a duplicate, a compat gap is a gap
+    assert v(state, opcode=op, psn=(state.epsn - 1) % 2**24, payload_len=8,
+             place=place).verdict is Verdict.DUPLICATE
+    if not state.metaroce:
+        assert v(state, opcode=op, psn=(state.epsn + 1) % 2**24, payload_len=8).verdict \
+            is Verdict.NAK_SEQ
+
+
+def test_compat_length_checks_of_resp_15():
+    """RESP-15 (G12), as Linux rxe: FIRST/MIDDLE exactly the MTU, LAST 1 .. MTU, ONLY at most
+    the MTU, a WRITE's packets adding up to its DMA length."""
+    big = v(C, opcode=O.RC_RDMA_WRITE_ONLY, psn=0xFFFFFF, payload_len=300,
+            reth=Reth(0x1000, 7, 300))
+    assert big.verdict is Verdict.NAK_INVALID                  # ONLY beyond the MTU
+    first = v(C, opcode=O.RC_RDMA_WRITE_FIRST, psn=0xFFFFFF, payload_len=256,
+              reth=Reth(0x1000, 7, 1000))
+    assert v(first.state, opcode=O.RC_RDMA_WRITE_MIDDLE, psn=0, payload_len=128).verdict \
+        is Verdict.NAK_INVALID                                 # MIDDLE short of the MTU
+    mid = v(first.state, opcode=O.RC_RDMA_WRITE_MIDDLE, psn=0, payload_len=256)
+    assert v(mid.state, opcode=O.RC_RDMA_WRITE_LAST, psn=1, payload_len=488).verdict \
+        is Verdict.NAK_INVALID                                 # LAST beyond the MTU
+    sf = v(C, opcode=O.RC_SEND_FIRST, psn=0xFFFFFF, payload_len=256)
+    assert sf.verdict is Verdict.ACCEPT
+    assert v(sf.state, opcode=O.RC_SEND_LAST, psn=0, payload_len=0).verdict \
+        is Verdict.NAK_INVALID                                 # LAST without payload (was ACCEPT)
+    assert v(sf.state, opcode=O.RC_SEND_LAST, psn=0, payload_len=1).verdict is Verdict.ACCEPT

@@ -46,7 +46,8 @@ HEADERS = {
                      qpn=u(24), start_psn=u(24), caps=u(32), mtu=u(8), max_paths=u(8),
                      timeout=u(5), retry_cnt=u(3), rnr_retry=u(3), max_rd_atomic=u(8),
                      max_dest_rd_atomic=u(8), min_rnr_timer=u(5), window_pkts=u(32),
-                     gid=st.binary(min_size=16, max_size=16), version=u(8), reject_reason=u(16)),
+                     gid=st.binary(min_size=16, max_size=16), version=st.just(C.CM_VERSION),
+                     reject_reason=u(16)),
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SIMULATION: the transport engine at scales one machine's lab cannot reach, on metaroce.sim
-(the real engine, metaroce/engine, over a deterministic discrete-event network: integer-ns
-virtual clock, seeded; no host CPU costs, no PFC). Every number here is simulated.
+(the real engine, the C one in metaroce/cengine, over a deterministic discrete-event network:
+integer-ns virtual clock, seeded; no host CPU costs, no PFC). Every number here is simulated.
 
 Scenarios, each with the contenders run back to back for every seed (a run = a seed):
   qps      1, 1024 (and 4096 with --full) QPs spread over 16 sender hosts, long-lived RDMA
@@ -82,11 +82,11 @@ def sim_qps(qps: int, contender: str, seed: int, buffer: str) -> dict:
     window = max(MIN_WINDOW_NS, int(PKTS_PER_QP * qps * S.MTU * 8e9 / RATE))
     t0 = STAGGER_NS + WARMUP_NS
     r.sim.run(until=t0)
-    b0 = [f.qb.resp.stats["rx_bytes"] for f in r.flows]
+    b0 = [f.qb.resp.rx_bytes for f in r.flows]
     m0 = r.metrics()
     r.sim.run(until=t0 + window)
     m1 = r.metrics()
-    per = [(f.qb.resp.stats["rx_bytes"] - b) * 8e9 / window for f, b in zip(r.flows, b0)]
+    per = [(f.qb.resp.rx_bytes - b) * 8e9 / window for f, b in zip(r.flows, b0)]
     agg = sum(per)
     return {"qps": qps, "buffer": buffer, "contender": contender, "seed": seed,
             "aggregate_bps": agg, "jain": jain(per), "starved_qps": sum(1 for x in per if not x),

@@ -1,7 +1,7 @@
-"""The specification's clauses, extracted from docs/spec/*.md, and the clause lint.
+"""The specification's clauses, extracted from docs/spec/*.md, and their structural checks.
 
-A clause is a paragraph starting ``**ID** (LEVEL) *Title.*`` and running to the end of the
-paragraph that contains its ``Test:`` sentence (tables inside a clause are allowed).
+A clause is a paragraph starting ``**ID** (LEVEL, PROFILE) *Title.*`` and running to the end of
+the paragraph that contains its ``Test:`` sentence (tables inside a clause are allowed).
 """
 
 import re
@@ -10,6 +10,8 @@ from pathlib import Path
 
 LEVELS = ("MUST", "SHOULD", "MAY")
 TEST_KINDS = ("wire", "peer", "impair", "inspect")
+# The profile tag of a clause: the smallest conformance profile it belongs to (docs/spec/12).
+PROFILE_TAGS = ("Compat", "Base", "MULTIPATH", "CREDIT", "DELAY_TS", "CNP_EXT")
 
 # prefix -> the document that owns it (mirrors the table in docs/spec/README.md)
 PREFIX_FILES = {
@@ -22,12 +24,18 @@ PREFIX_FILES = {
     "MP": "05-metaroce-mode.md", "CC": "05-metaroce-mode.md", "RTO": "05-metaroce-mode.md",
     "CM": "06-connection.md",
     "SEC": "07-security.md",
+    "SM": "08-state-machines.md",
+    "EM": "09-errors.md",
+    "PAR": "10-parameters.md",
+    "REG": "11-registries.md", "VER": "11-registries.md",
+    "PROF": "12-conformance.md",
 }
 
-_START = re.compile(r"^\*\*(?P<id>[^*\s]+)\*\* \((?P<level>[A-Z ]+)\) \*(?P<title>[^*]+)\*")
+_START = re.compile(r"^\*\*(?P<id>[^*\s]+)\*\* \((?P<level>[A-Z ]+)(?:, (?P<profile>[A-Za-z_]+))?\)"
+                    r" \*(?P<title>[^*]+)\*")
 _LOOSE = re.compile(r"^\*\*[A-Za-z]+-?[0-9]*\*\*")  # anything that looks like a clause start
 _ID = re.compile(r"^(?P<prefix>[A-Z]{2,8})-(?P<num>[1-9][0-9]*)$")
-_KEYWORD = re.compile(r"\b(MUST|SHOULD|MAY)\b")
+KEYWORD = re.compile(r"\b(MUST|SHOULD|MAY)\b")
 _TEST = re.compile(r"\bTest: (?P<kinds>[a-z/ ,]+?)(?:\s+—|\s+-|\.|$)", re.M)
 
 
@@ -35,11 +43,18 @@ _TEST = re.compile(r"\bTest: (?P<kinds>[a-z/ ,]+?)(?:\s+—|\s+-|\.|$)", re.M)
 class Clause:
     id: str
     level: str
+    profile: str
     title: str
     text: str
     file: str
     line: int
     tests: tuple
+
+    @property
+    def normative(self) -> str:
+        """The clause text after its title and before its Test: sentence."""
+        m = _START.match(self.text)
+        return self.text[m.end() if m else 0:].split("Test:")[0]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -53,8 +68,8 @@ class SpecError(Exception):
 
 def spec_dir() -> Path:
     """docs/spec of the source tree, or the copy packaged as metaroce/_docs_spec."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "docs" / "spec", here / "_docs_spec"):
+    pkg = Path(__file__).resolve().parent.parent
+    for candidate in (pkg.parent / "docs" / "spec", pkg / "_docs_spec"):
         if (candidate / "README.md").is_file():
             return candidate
     raise SpecError("specification not found (expected docs/spec or metaroce/_docs_spec)")
@@ -63,6 +78,22 @@ def spec_dir() -> Path:
 def spec_files(root: Path | None = None) -> list[Path]:
     root = root or spec_dir()
     return sorted(p for p in root.glob("*.md") if p.name != "README.md")
+
+
+def level_problem(level: str, normative: str) -> str | None:
+    """A clause's level must match its content: the level's keyword occurs, no stronger one
+    does, and a MUST clause holds no SHOULD (a recommendation inside a requirement is a
+    separate clause). MAY inside a MUST or SHOULD clause is a permission and allowed. Keywords
+    in `backticks` are quoted, not used."""
+    found = set(KEYWORD.findall(re.sub(r"`[^`]*`", "", normative)))
+    if not found:
+        return "no MUST/SHOULD/MAY in the clause text"
+    strongest = next(lv for lv in LEVELS if lv in found)
+    if strongest != level:
+        return f"labelled {level} but its strongest keyword is {strongest}"
+    if level == "MUST" and "SHOULD" in found:
+        return "a MUST clause with a SHOULD in it: split the recommendation into its own clause"
+    return None
 
 
 def _parse_file(path: Path, problems: list[str]) -> list[Clause]:
@@ -92,25 +123,28 @@ def _parse_file(path: Path, problems: list[str]) -> list[Clause]:
             problems.append(f"{head}: no 'Test:' sentence before the next clause or heading")
         body_text = text[m.end():]
         normative = body_text.split("Test:")[0]
-        found = set(_KEYWORD.findall(normative))
-        strongest = next((lv for lv in LEVELS if lv in found), None)
         if m["level"] not in LEVELS:
             problems.append(f"{head}: level {m['level']!r} is not one of {LEVELS}")
-        elif strongest is None:
-            problems.append(f"{head}: no MUST/SHOULD/MAY in the clause text")
-        elif strongest != m["level"]:
-            problems.append(f"{head}: labelled {m['level']} but its strongest keyword is {strongest}")
+        else:
+            why = level_problem(m["level"], normative)
+            if why:
+                problems.append(f"{head}: {why}")
+        profile = m["profile"] or ""
+        if profile not in PROFILE_TAGS:
+            problems.append(f"{head}: profile {profile or '(none)'!r} is not one of "
+                            f"{', '.join(PROFILE_TAGS)} (write '(LEVEL, PROFILE)')")
         tm = _TEST.search(body_text)
         kinds = tuple(k for k in re.split(r"[/ ,]+", tm["kinds"]) if k) if tm else ()
         if seen_test and (not kinds or any(k not in TEST_KINDS for k in kinds)):
             problems.append(f"{head}: Test: must start with one of {'/'.join(TEST_KINDS)}")
-        clauses.append(Clause(m["id"], m["level"], m["title"].strip().rstrip("."), text,
+        clauses.append(Clause(m["id"], m["level"], profile, m["title"].strip().rstrip("."), text,
                               path.name, start + 1, kinds))
     return clauses
 
 
-def load(root: Path | None = None) -> tuple[list[Clause], list[str]]:
-    """All clauses in document order, and the lint problems found (empty when clean)."""
+def parse(root: Path | None = None) -> tuple[list[Clause], list[str]]:
+    """All clauses in document order, and the structural problems of their headers, levels,
+    profiles, Test: sentences and identifiers."""
     problems: list[str] = []
     clauses: list[Clause] = []
     for path in spec_files(root):
@@ -131,11 +165,3 @@ def load(root: Path | None = None) -> tuple[list[Clause], list[str]]:
             problems.append(f"{where}: duplicate of {seen[c.id].file}:{seen[c.id].line}")
         seen.setdefault(c.id, c)
     return clauses, problems
-
-
-def clauses(root: Path | None = None) -> list[Clause]:
-    return load(root)[0]
-
-
-def lint(root: Path | None = None) -> list[str]:
-    return load(root)[1]
