@@ -1,15 +1,21 @@
 /* The lab fabric: programs on every link end of a MetaRoCE lab.
  *   fabric_host_xdp    host ends until MetaRoCE attaches its own: count, pass
- *   fabric_port_xdp    switch-side ends, XDP: count, loss for traffic arriving (a -> b)
+ *   fabric_port_xdp    switch-side ends, XDP: count, loss for traffic arriving (a -> b),
+ *                      forwarding to another port of the same switch when neither side is
+ *                      impaired or shaped (devmap redirect; the bridge and tc are skipped)
  *   fabric_port_tc_in  switch-side ends, tc ingress: duplication, reordering (a -> b)
  *   fabric_port_tc_out switch-side ends, tc egress: ECN virtual queue, loss, duplication,
  *                      reordering (b -> a), count
  * Rate limiting itself is an htb qdisc on the switch-side egress, set up by the loader.
+ * The XDP programs are frags-aware (loaded with BPF_F_XDP_HAS_FRAGS): a frame larger than a page
+ * (MTU 9000) arrives in several buffers, the headers in the first; they read it with
+ * bpf_xdp_load_bytes and size it with bpf_xdp_get_buff_len, never through data_end.
  * All map lookups happen here (BCC rewrites map syntax only in the main file). */
 #include "fabric_maps.h"
 #include "fabric_helpers.h"
 #include "fabric_reorder.h"
 #include "fabric_ecn.h"
+#include "fabric_fwd.h"
 
 int fabric_host_xdp(struct xdp_md *ctx)
 {
@@ -22,6 +28,34 @@ int fabric_host_xdp(struct xdp_md *ctx)
     return XDP_PASS;
 }
 
+/* Redirect the frame to the port its destination MAC is behind, on the same switch, when
+ * neither this port's arrival side nor that port's departure side needs the stack; else
+ * XDP_PASS (the bridge, tc and htb). The egress port's transmit counters count it here. */
+static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len)
+{
+    __u32 in_slot = port * 2 + DIR_IN;
+    struct port_cfg *in = port_cfg.lookup(&port);
+    if (!in || !in->domain || needs_tc(impair_cfg.lookup(&in_slot), stash.lookup(&in_slot)))
+        return XDP_PASS;
+    struct fdb_key key = {.domain = in->domain};
+    if (bpf_xdp_load_bytes(ctx, 0, key.mac, sizeof(key.mac)))
+        return XDP_PASS;
+    __u32 *found = fdb.lookup(&key);
+    if (!found)
+        return XDP_PASS;
+    __u32 out_port = *found, out_slot = out_port * 2 + DIR_OUT;
+    if (out_port == port || !fast_egress(port_cfg.lookup(&out_port), in->domain) ||
+        needs_tc(impair_cfg.lookup(&out_slot), stash.lookup(&out_slot)))
+        return XDP_PASS;
+    int action = tx_ports.redirect_map(out_port, XDP_PASS);
+    struct port_stats *out = port_stats.lookup(&out_port);
+    if (action == XDP_REDIRECT && out) {
+        out->tx_packets++;
+        out->tx_bytes += len;
+    }
+    return action;
+}
+
 int fabric_port_xdp(struct xdp_md *ctx)
 {
     __u32 port = ctx->ingress_ifindex;
@@ -29,8 +63,9 @@ int fabric_port_xdp(struct xdp_md *ctx)
     struct pkt_info pi;
     if (!ps)
         return XDP_PASS;
+    __u32 len = bpf_xdp_get_buff_len(ctx);
     ps->rx_packets++;
-    ps->rx_bytes += bpf_xdp_get_buff_len(ctx);
+    ps->rx_bytes += len;
     if (classify_xdp(ctx, &pi))
         return XDP_PASS;
     __u32 slot = port * 2 + DIR_IN;
@@ -38,7 +73,7 @@ int fabric_port_xdp(struct xdp_md *ctx)
     struct impair_stats *st = impair_stats.lookup(&slot);
     struct impair_seq *sq = impair_seq.lookup(&slot);
     if (!cfg || !st || !sq || !impair_applies(cfg, &pi))
-        return XDP_PASS;
+        return forward(ctx, port, len);
     st->matched++;
     if (cfg->loss && (__u32)draw(sq, cfg->seed) < cfg->loss) {
         st->lost++;

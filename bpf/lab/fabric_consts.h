@@ -33,6 +33,9 @@
 /* skb->mark values that tell the program a frame is its own clone or release. */
 #define MARK_OWN_CLONE 0x4d520001
 
+/* port_cfg.flags */
+#define PORT_SHAPED (1U << 0)   /* egress rate-limited (htb) and ECN-marked: frames to it take tc */
+
 /* The virtual queue forgets idle time beyond this (keeps rate * elapsed within 64 bits). */
 #define VQ_MAX_IDLE_NS 1000000000ULL
 

@@ -13,5 +13,8 @@ BPF_ARRAY(stash, struct stash, MAX_SLOTS);
 BPF_PERCPU_ARRAY(scratch, struct scratch, 1);
 BPF_ARRAY(ecn_cfg, struct ecn_cfg, MAX_PORTS);
 BPF_ARRAY(vqueue, struct vqueue, MAX_PORTS);
+BPF_ARRAY(port_cfg, struct port_cfg, MAX_PORTS);
+BPF_HASH(fdb, struct fdb_key, __u32, MAX_PORTS);
+BPF_DEVMAP(tx_ports, MAX_PORTS);             /* ifindex -> the same switch port, for redirects */
 
 #endif

@@ -66,4 +66,17 @@ struct vqueue {
     __u64 last_ns;
 };
 
+/* Per switch-side port: whether and where its frames may be forwarded in XDP. */
+struct port_cfg {
+    __u32 domain;          /* the L2 switch (bridge) the port is in; 0 = none: never forwarded */
+    __u32 flags;           /* PORT_SHAPED */
+};
+
+/* A station (MAC) behind a port of an L2 switch: the bridge's static forwarding entries. */
+struct fdb_key {
+    __u32 domain;
+    __u8 mac[6];
+    __u16 pad;
+};
+
 #endif

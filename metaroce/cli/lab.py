@@ -35,7 +35,8 @@ def up(name, topology, hosts, mtu, rate, ecn_threshold, as_json):
     if as_json:
         emit_json(doc)
         return
-    log(f"lab {name} is up ({rec['xdp_mode']} XDP on every link end)")
+    log(f"lab {name} is up ({rec['xdp_mode']} XDP on every link end, switches forward "
+        f"{'in XDP' if rec['forwarding'] == 'xdp' else 'through the stack'})")
     _print_nodes(doc)
 
 
@@ -73,7 +74,8 @@ def status(name, as_json):
     if as_json:
         emit_json(doc)
         return
-    click.echo(f"lab {doc['name']}: {doc['topology']}, mtu {doc['mtu']}, XDP {doc['xdp_mode']}")
+    click.echo(f"lab {doc['name']}: {doc['topology']}, mtu {doc['mtu']}, XDP {doc['xdp_mode']}, "
+               f"forwarding {doc['forwarding']}")
     _print_nodes(doc)
     for l in doc["links"]:
         rate = f"{l['rate'] / 1e9:g} Gbit/s" if l["rate"] else "line rate"

@@ -144,6 +144,7 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, by
 
 
 BPF_XDP = 37
+BPF_F_XDP_HAS_FRAGS = 1 << 5     # prog_flags: the program takes multi-buffer frames
 XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
 # veth refuses native XDP for programs that are not frags-aware once a frame exceeds a page
 VETH_NATIVE_XDP_MAX_MTU = 3498

@@ -25,7 +25,9 @@ from .bpftables import CachedTable
 
 FORMAT = 1
 DEFAULT_ROOT = "/var/cache/metaroce/bpf"
-PROG_TYPES = {"xdp": 6, "sched_cls": 3}
+PROG_TYPES = {"xdp": 6, "xdp.frags": 6, "sched_cls": 3}
+# kinds loaded with flags: (prog_flags, expected_attach_type)
+LOAD_OPTS = {"xdp.frags": (libbpf.BPF_F_XDP_HAS_FRAGS, libbpf.BPF_XDP)}
 MAP_IN_MAP = {12: "ARRAY", 13: "HASH"}         # ARRAY_OF_MAPS, HASH_OF_MAPS
 LD_IMM64 = 0x18
 PSEUDO_MAP_FD, PSEUDO_MAP_VALUE = 1, 2
@@ -39,9 +41,12 @@ def cache_root() -> Path | None:
     return None if v.strip().lower() in ("off", "0", "") else Path(v)
 
 
-def cache_key(src_dir: Path, relpath: str, cflags: list[str], bcc_version: str, kernel: str) -> str:
+def cache_key(src_dir: Path, relpath: str, cflags: list[str], bcc_version: str, kernel: str,
+              funcs: dict[str, str] | None = None) -> str:
     h = hashlib.sha256(f"metaroce-bpf-cache {FORMAT}\0{relpath}\0{bcc_version}\0{kernel}\0".encode())
     h.update(json.dumps(cflags).encode())
+    if funcs:                       # how each function loads (e.g. xdp.frags) is part of the build
+        h.update(json.dumps(sorted(funcs.items())).encode())
     for p in sorted(q for q in src_dir.rglob("*") if q.is_file()):
         data = p.read_bytes()
         h.update(f"\0{p.relative_to(src_dir)}\0{len(data)}\0".encode())
@@ -234,13 +239,15 @@ class _ProgLoadOpts(ctypes.Structure):          # libbpf 1.1 struct bpf_prog_loa
                 ("log_size", ctypes.c_uint32), ("log_buf", ctypes.c_char_p)]
 
 
-def prog_load(name: str, prog_type: int, insns: bytes, license: str = "GPL") -> int:
+def prog_load(name: str, prog_type: int, insns: bytes, license: str = "GPL",
+              prog_flags: int = 0, expected_attach_type: int = 0) -> int:
     """bpf_prog_load; on failure load again with a verifier log and raise it."""
     lib = libbpf.lib()
     lib.bpf_prog_load.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
                                   ctypes.c_size_t, ctypes.c_void_p]
     buf = ctypes.create_string_buffer(insns, len(insns))
-    opts = _ProgLoadOpts(sz=ctypes.sizeof(_ProgLoadOpts))
+    how = {"prog_flags": prog_flags, "expected_attach_type": expected_attach_type}
+    opts = _ProgLoadOpts(sz=ctypes.sizeof(_ProgLoadOpts), **how)
     fd = lib.bpf_prog_load(prog_type, name.encode()[:15], license.encode(), buf, len(insns) // 8,
                            ctypes.byref(opts))
     if fd >= 0:
@@ -248,13 +255,19 @@ def prog_load(name: str, prog_type: int, insns: bytes, license: str = "GPL") -> 
     err = ctypes.get_errno()
     log = ctypes.create_string_buffer(1 << 24)
     opts = _ProgLoadOpts(sz=ctypes.sizeof(_ProgLoadOpts), log_level=1, log_size=len(log),
-                         log_buf=ctypes.cast(log, ctypes.c_char_p))
+                         log_buf=ctypes.cast(log, ctypes.c_char_p), **how)
     fd = lib.bpf_prog_load(prog_type, name.encode()[:15], license.encode(), buf, len(insns) // 8,
                            ctypes.byref(opts))
     if fd >= 0:
         return fd
     tail = log.value.decode(errors="replace")[-4000:]
-    raise MetaroceError(f"loading cached BPF program {name} failed: {os.strerror(err)}\n{tail}")
+    raise MetaroceError(f"loading BPF program {name} through libbpf failed: {os.strerror(err)}\n{tail}")
+
+
+def load_kind(name: str, kind: str, insns: bytes, license: str = "GPL") -> int:
+    """prog_load for a kind of funcs ('xdp', 'xdp.frags', 'sched_cls'), with its load flags."""
+    flags, attach = LOAD_OPTS.get(kind, (0, 0))
+    return prog_load(name, PROG_TYPES[kind], insns, license, flags, attach)
 
 
 class CachedFunction:
@@ -272,7 +285,7 @@ class CachedProgram:
             for fname, f in meta["funcs"].items():
                 insns = patch_relocs(f["insns"], f["relocs"], self.fds)
                 self.funcs[fname.encode()] = CachedFunction(
-                    fname, prog_load(fname, PROG_TYPES[f["prog_type"]], insns, meta["license"]))
+                    fname, load_kind(fname, f["prog_type"], insns, meta["license"]))
         except BaseException:
             self.cleanup()
             raise
@@ -327,7 +340,8 @@ def build(relpath: str, src_dir: Path, cflags: list[str], funcs: dict[str, str],
     from ..system import import_bcc  # noqa: PLC0415
     t0 = time.monotonic()
     root = cache_root()
-    key = cache_key(src_dir, relpath, cflags, import_bcc().__version__, os.uname().release)
+    key = cache_key(src_dir, relpath, cflags, import_bcc().__version__, os.uname().release,
+                    funcs)
     use = root is not None and _usable_root(root)
     note = ("cache off" if root is None else
             None if use else f"cache {root} not usable (must be root's, 0700, and we root)")

@@ -53,31 +53,49 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
     too_big = [f"{n}/{i}" for (n, i), idx in ports.items() if idx >= MAX_PORTS]
     if too_big:
         raise MetaroceError(f"interface index beyond the fabric's {MAX_PORTS} ports: {too_big}")
+    stations = plan.stations()
     for node in plan.nodes:
         netdev.configure_sysctls(node, hash_seed)
-        netdev.configure_node(node, plan.mtu)
+        netdev.configure_node(node, plan.mtu, stations)
     _log(f"lab {plan.name}: compiling and attaching the fabric programs")
     bpf, fds = fabric.load_and_pin(plan.name)
     modes = set()
-    with fabric.Fabric(plan.name) as fab:
-        for node in plan.nodes:
-            for itf in node.ifaces:
-                if node.role == "host":
-                    modes.add(fabric.attach_xdp(node.netns, itf.name, fds["host_xdp"], plan.mtu))
-                    continue
-                modes.add(fabric.attach_xdp(node.netns, itf.name, fds["port_xdp"], plan.mtu))
-                fabric.attach_tc(node.netns, itf.name, fds["port_tc_in"], fds["port_tc_out"])
-                if plan.rate_bps:
-                    shaping.shape(node.netns, itf.name, plan.rate_bps, plan.mtu)
-                    fab.set_ecn(ports[(node.name, itf.name)], plan.rate_bps, plan.ecn_threshold)
-    bpf.cleanup()   # the attachments hold the programs now; this closes our fds
+    try:
+        with fabric.Fabric(plan.name) as fab:
+            for node in plan.nodes:
+                for itf in node.ifaces:
+                    if node.role == "host":
+                        modes.add(fabric.attach_xdp(node.netns, itf.name, fds["host_xdp"]))
+                        continue
+                    port = ports[(node.name, itf.name)]
+                    fab.set_port(port, plan.switch_domain(node.name), shaped=bool(plan.rate_bps))
+                    modes.add(fabric.attach_xdp_link(plan.name, node.name, node.netns, itf.name,
+                                                     fds["port_xdp"]))
+                    fabric.attach_tc(node.netns, itf.name, fds["port_tc_in"], fds["port_tc_out"])
+                    if plan.rate_bps:
+                        shaping.shape(node.netns, itf.name, plan.rate_bps, plan.mtu)
+                        fab.set_ecn(port, plan.rate_bps, plan.ecn_threshold)
+            for node, iface, mac in stations:
+                fabric.add_station(bpf, plan.node(node).netns, plan.switch_domain(node),
+                                   ports[(node, iface)], mac)
+    finally:
+        bpf.cleanup()   # the attachments and pins hold the programs and maps; this closes our fds
     return {
         "plan": plan.to_dict(),
         "ports": [{"node": n, "iface": i, "ifindex": idx} for (n, i), idx in sorted(ports.items())],
         "xdp_mode": modes.pop() if len(modes) == 1 else "mixed",
+        "forwarding": forwarding(plan),
         "hash_seed": hash_seed,
         "impair": {},
     }
+
+
+def forwarding(plan: LabPlan) -> str:
+    """How switches pass frames between hosts: 'xdp' (a redirect between ports: unshaped L2
+    switches) or 'stack' (the bridge, tc and htb; routers always). Impairing a link direction
+    sends that direction through the stack while it lasts."""
+    routed = any(n.forwarding for n in plan.nodes)
+    return "stack" if plan.rate_bps or routed or not plan.stations() else "xdp"
 
 
 def down(name: str) -> dict:
@@ -166,7 +184,9 @@ class LabView:
             if fab:
                 fab.close()
         return {"name": self.name, "topology": self.plan.topology, "mtu": self.plan.mtu,
-                "xdp_mode": self.record["xdp_mode"], "hosts": hosts, "links": links}
+                "xdp_mode": self.record["xdp_mode"],
+                "forwarding": self.record.get("forwarding", "stack"), "hosts": hosts,
+                "links": links}
 
     def _direction(self, fab, src, dst, impair_dir, impair_end) -> dict:
         s_node = self.plan.node(src[0])

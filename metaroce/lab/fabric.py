@@ -1,5 +1,6 @@
 """The lab fabric programs (bpf/lab/fabric.bpf.c): compile once per lab, pin maps and
-programs under /sys/fs/bpf/metaroce/<lab>/, attach to every link end, and read or change their
+programs under /sys/fs/bpf/metaroce/<lab>/, attach to every link end (natively at every MTU:
+the XDP programs are frags-aware), fill the XDP forwarding tables, and read or change their
 state from any later process through the pins."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from ..kern import libbpf
 from ..kern.bcc_loader import build_program, load
-from .netdev import ifindex, ipr_in
+from .netdev import ifindex, in_netns, ipr_in
 
 PIN_ROOT = "/sys/fs/bpf/metaroce"
 MAX_PORTS = 256
@@ -20,9 +21,10 @@ DIR_IN, DIR_OUT = 0, 1
 IMPAIR_ENABLED, IMPAIR_ALL_TRAFFIC = 1 << 0, 1 << 1
 TC_INGRESS, TC_EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
 
+PORT_SHAPED = 1 << 0
 PROGRAMS = {  # pin name -> (function, type)
-    "host_xdp": ("fabric_host_xdp", "xdp"),
-    "port_xdp": ("fabric_port_xdp", "xdp"),
+    "host_xdp": ("fabric_host_xdp", "xdp.frags"),
+    "port_xdp": ("fabric_port_xdp", "xdp.frags"),
     "port_tc_in": ("fabric_port_tc_in", "sched_cls"),
     "port_tc_out": ("fabric_port_tc_out", "sched_cls"),
 }
@@ -53,7 +55,10 @@ LAYOUTS = {
                                   "seed"), False),
     "impair_stats": Layout("<5Q", ("matched", "lost", "duplicated", "reordered", "stash_busy"), True),
     "ecn_cfg": Layout("<2Q", ("rate_Bps", "threshold"), False),
+    "port_cfg": Layout("<2I", ("domain", "flags"), False),
 }
+FDB_KEY = struct.Struct("<I6sH")        # struct fdb_key: domain, mac, pad
+FORWARDING_MAPS = ("fdb", "tx_ports")   # pinned too; written at `up` only
 
 
 def pin_dir(lab: str) -> str:
@@ -109,6 +114,24 @@ class Fabric:
         self.maps["ecn_cfg"].update(port, LAYOUTS["ecn_cfg"].pack(rate_Bps=rate_bps // 8,
                                                                   threshold=threshold))
 
+    def set_port(self, port: int, domain: int, shaped: bool) -> None:
+        """A switch-side port's forwarding: its switch (0: never forwarded in XDP), shaping."""
+        self.maps["port_cfg"].update(port, LAYOUTS["port_cfg"].pack(
+            domain=domain, flags=PORT_SHAPED if shaped else 0))
+
+    def port_cfg(self, port: int) -> dict:
+        return self._read("port_cfg", port)
+
+
+def add_station(bpf, netns_name: str, domain: int, port: int, mac: str) -> None:
+    """Let XDP forward frames for `mac` on switch `domain` to `port` (an interface of the
+    switch's namespace, where the devmap entry must be made)."""
+    key = FDB_KEY.pack(domain, bytes.fromhex(mac.replace(":", "")), 0)
+    libbpf.map_update_raw(bpf[b"fdb"].map_fd, key, struct.pack("<I", port))
+    with in_netns(netns_name):
+        libbpf.map_update_raw(bpf[b"tx_ports"].map_fd, struct.pack("<I", port),
+                              struct.pack("<I", port))
+
 
 def load_and_pin(lab: str):
     """Build the fabric (compiled once per configuration, kern/progcache.py), load its programs,
@@ -118,7 +141,7 @@ def load_and_pin(lab: str):
     _check_layouts(bpf)
     d = pin_dir(lab)
     os.makedirs(d, exist_ok=True)
-    for name in LAYOUTS:
+    for name in (*LAYOUTS, *FORWARDING_MAPS):
         libbpf.obj_pin(bpf[name.encode()].map_fd, os.path.join(d, name))
     fds = {}
     for pin, (func, kind) in PROGRAMS.items():
@@ -136,14 +159,36 @@ def unpin(lab: str) -> bool:
     return False
 
 
-def attach_xdp(netns_name: str, iface: str, prog_fd: int, mtu: int) -> str:
-    """Attach natively when the frame fits one page (veth limit for programs that are not
-    frags-aware, ~3.5 KB), else in generic mode. Returns 'native' or 'generic'."""
-    mode, flags, _why = libbpf.xdp_mode_for_mtu(mtu)
+def attach_xdp(netns_name: str, iface: str, prog_fd: int, mtu: int | None = None) -> str:
+    """Attach by netlink on a host end, where a MetaRoCE daemon can take the slot for its own
+    NIC program and put the lab's back. A frags-aware program (mtu None: the lab's own)
+    attaches natively at every MTU; for another program, pass the MTU: natively while a frame
+    fits one page, else in generic mode (libbpf.xdp_mode_for_mtu). Returns the mode."""
+    mode, flags = "native", libbpf.XDP_FLAGS_DRV_MODE
+    if mtu is not None:
+        mode, flags, _why = libbpf.xdp_mode_for_mtu(mtu)
     with ipr_in(netns_name) as ipr:
         idx = ifindex(ipr, iface)
         ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", prog_fd), ("IFLA_XDP_FLAGS", flags)]})
     return mode
+
+
+def link_pin(lab: str, node: str, iface: str) -> str:
+    return os.path.join(pin_dir(lab), f"link-{node}-{iface}")
+
+
+def attach_xdp_link(lab: str, node: str, netns_name: str, iface: str, prog_fd: int) -> str:
+    """A switch-side port: attach natively through a BPF link, pinned with the lab's maps, so
+    that nothing replaces or detaches it by netlink while the lab is up (`lab down` unpins)."""
+    with ipr_in(netns_name) as ipr:
+        idx = ifindex(ipr, iface)
+    with in_netns(netns_name):            # the link's ifindex is resolved in this namespace
+        fd = libbpf.xdp_link_create(prog_fd, idx, libbpf.XDP_FLAGS_DRV_MODE)
+    try:
+        libbpf.obj_pin(fd, link_pin(lab, node, iface))
+    finally:
+        os.close(fd)
+    return "native"
 
 
 def attach_tc(netns_name: str, iface: str, in_fd: int, out_fd: int) -> None:

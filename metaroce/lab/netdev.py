@@ -4,15 +4,21 @@ routes, static neighbours and sysctls. Also the same calls a user would make on 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
 import socket
+import struct
 
 from pyroute2 import IPRoute, netns
 
 from .plan import LabPlan, Node, scratch_netns
 
 NUD_PERMANENT = 0x80
+NUD_NOARP = 0x40           # a bridge fdb entry that is static (never ages, not local)
+NTF_MASTER = 0x04
+SIOCETHTOOL, ETHTOOL_GTXCSUM, ETHTOOL_STXCSUM = 0x8946, 0x16, 0x17
 IFA_F_NODAD = 0x02
 NETNS_DIR = "/var/run/netns"
 
@@ -116,7 +122,32 @@ def _add_addr(ipr: IPRoute, idx: int, cidr: str) -> None:
     ipr.addr("add", index=idx, address=addr, prefixlen=int(plen), family=family, **kw)
 
 
-def configure_node(node: Node, mtu: int) -> None:
+def _ethtool_value(ns: str, iface: str, cmd: int, data: int = 0) -> int:
+    """A legacy ethtool get/set of one value (struct ethtool_value) on an interface of ns."""
+    with in_netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        val = ctypes.create_string_buffer(struct.pack("=II", cmd, data), 8)
+        ifr = struct.pack("16sP", iface.encode(), ctypes.addressof(val)).ljust(40, b"\0")
+        fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifr)
+        return struct.unpack("=II", val.raw)[1]
+    finally:
+        s.close()
+
+
+def tx_checksum(ns: str, iface: str, on: bool | None = None) -> bool:
+    """Whether the interface leaves transport checksums to "hardware" (set it when `on` is
+    given). A host end of the lab computes them itself: a frame the fabric forwards in XDP
+    travels as bytes, and a checksum the sender left partial would arrive unfinished."""
+    if on is not None:
+        _ethtool_value(ns, iface, ETHTOOL_STXCSUM, int(on))
+    return bool(_ethtool_value(ns, iface, ETHTOOL_GTXCSUM))
+
+
+def configure_node(node: Node, mtu: int, stations: list[tuple[str, str, str]] = ()) -> None:
+    """Bring a node's interfaces, bridges, addresses, static bridge forwarding entries
+    (`stations`: (node, port, MAC), only the node's own are used), neighbours and routes up."""
+    node_stations = [st for st in stations if st[0] == node.name]
     with ipr_in(node.netns) as ipr:
         ipr.link("set", index=ifindex(ipr, "lo"), state="up")
         for br in node.bridges:
@@ -129,6 +160,11 @@ def configure_node(node: Node, mtu: int) -> None:
             ipr.link("set", index=idx, address=itf.mac, mtu=itf.mtu)
             if itf.bridge:
                 ipr.link("set", index=idx, master=ifindex(ipr, itf.bridge))
+            if node.role == "host":
+                tx_checksum(node.netns, itf.name, on=False)
+        for _node, port, mac in node_stations:   # replace: the bridge may have learned it already
+            ipr.fdb("replace", ifindex=ifindex(ipr, port), lladdr=mac, state=NUD_NOARP,
+                    flags=NTF_MASTER)
         for dev in [*node.bridges, *node.ifaces]:     # bridges first: their ports join them
             idx = ifindex(ipr, dev.name)
             ipr.link("set", index=idx, state="up")

@@ -110,6 +110,19 @@ class LabPlan:
         """Every (node, iface) on a switching node: these get the port programs and shaping."""
         return [(n.name, i.name) for n in self.nodes if n.role != "host" for i in n.ifaces]
 
+    def stations(self) -> list[tuple[str, str, str]]:
+        """(switch node, port, MAC) for every bridge port and the interface at its other end:
+        the bridge's static forwarding entries, and what the fabric forwards in XDP."""
+        return [(n.name, i.name, self.node(i.peer[0]).iface(i.peer[1]).mac)
+                for n in self.nodes for i in n.ifaces if i.bridge and i.peer]
+
+    def switch_domain(self, node: str) -> int:
+        """A number for each node's L2 switch (its bridge), 1.. in plan order; 0 for none."""
+        for k, n in enumerate(self.nodes, start=1):
+            if n.name == node:
+                return k if n.bridges else 0
+        raise KeyError(node)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -86,12 +86,3 @@ def test_down_cleans_up_after_a_half_built_lab(lab_name):
     assert not [ns for ns in netdev.list_netns() if ns.startswith(f"mr-{lab_name}-")]
     assert not os.path.exists(fabric.pin_dir(lab_name))
 
-
-def test_jumbo_mtu_falls_back_to_generic_xdp(lab_name):
-    """veth refuses native XDP for programs that are not frags-aware above ~3.5 KB frames."""
-    rec = core.up(lab_name, "pair", mtu=9000)
-    assert rec["xdp_mode"] == "generic"
-    view = core.LabView(lab_name)
-    res = run_flow(view.plan.node("h1").netns, view.plan.node("h2").netns,
-                   _addr(view, "h2", socket.AF_INET), 200, size=8000, flush=1)
-    assert res.unique == 200 and res.bytes == 200 * 8000

@@ -71,6 +71,20 @@ def test_addresses_and_macs_unique(topo, k):
         assert len({i.name for i in n.ifaces}) == len(n.ifaces)
 
 
+def test_stations_are_the_hosts_behind_each_bridge_port():
+    """What the bridge's static entries and the fabric's XDP forwarding table hold."""
+    p = plan_lab("s", "star", hosts=3)
+    assert p.stations() == [("sw1", h, p.node(h).iface("eth0").mac) for h in ("h1", "h2", "h3")]
+    assert p.switch_domain("sw1") == 4 and p.switch_domain("h1") == 0
+    ls = plan_lab("l", "leaf-spine", hosts=4)
+    assert sorted((sw, port) for sw, port, _ in ls.stations()) == [
+        ("leaf1", "h1"), ("leaf1", "h2"), ("leaf2", "h3"), ("leaf2", "h4")]   # no spine link
+    assert ls.switch_domain("leaf1") != ls.switch_domain("leaf2")
+    assert ls.switch_domain("spine1") == 0
+    with pytest.raises(KeyError):
+        ls.switch_domain("sw9")
+
+
 def test_round_trip_through_the_state_record():
     p = plan_lab("rt", "leaf-spine", hosts=3, rate="1gbit")
     assert LabPlan.from_dict(p.to_dict()) == p

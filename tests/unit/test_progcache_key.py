@@ -105,3 +105,12 @@ def test_an_untrusted_root_is_not_used(tmp_path, monkeypatch):
     d.chmod(0o777)
     monkeypatch.setattr(pc.os, "geteuid", lambda: 0)
     assert not pc._usable_root(d)
+
+
+def test_key_changes_with_how_a_function_loads(src):
+    """A program loaded frags-aware (BPF_F_XDP_HAS_FRAGS) is another build than the same
+    instructions loaded plain: an entry recorded one way must not be loaded the other."""
+    def k(kind):
+        return pc.cache_key(src, "nic/a.bpf.c", ["-DMAX_QPS=64"], "0.26.0", "6.1.0", {"f": kind})
+    assert k("xdp") != k("xdp.frags") and k("xdp") == k("xdp")
+    assert pc.LOAD_OPTS["xdp.frags"] == (1 << 5, 37)

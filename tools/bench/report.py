@@ -401,6 +401,33 @@ def multipath(doc) -> list[str]:
     return out
 
 
+def lab_path(doc) -> list[str]:
+    out = ["### The lab's own path", "",
+           "iperf3 between the two hosts of a `pair` lab (no MetaRoCE daemon: the lab's host-port "
+           "programs on both ends), one TCP stream and one unlimited UDP stream of MTU-sized "
+           "datagrams, client on CPU 0 and server on CPU 1; median (min–max) Gbit/s of each "
+           "variant's runs. `xdp`: the switch redirects between its ports in XDP; `stack`: the "
+           "Linux bridge and tc (as on an impaired link), alternated with `xdp` on the same lab. "
+           "UDP: the rate sent, the share of it the lab delivered to the receiving host (its "
+           "host-end counter), and what iperf3's server read (the rest its socket dropped).", "",
+           "| variant | MTU | XDP | switch forwards | TCP | UDP sent | delivered by the lab % "
+           "| UDP read | read loss % |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, v in doc["variants"].items():
+        for r in v["results"]:
+            out.append(f"| {label} | {r['mtu']} | {r['xdp_mode']} | {r['forwarding']} | "
+                       f"{g(r['tcp_bps'], 1e-9)} | {g(r['udp_sent_bps'], 1e-9)} | "
+                       f"{g(r.get('udp_lab_delivered_percent'), 1, '{:.1f}')} | "
+                       f"{g(r['udp_bps'], 1e-9)} | {g(r['udp_lost_percent'], 1, '{:.1f}')} |")
+    out.append("")
+    for label, v in doc["variants"].items():
+        out.append(f"- {label}: `{v['command']}` — {v['machine']['host']}, kernel "
+                   f"{v['machine']['kernel']}, {v['date']}; {v['runs']} runs of {v['seconds']} s; "
+                   f"load average {v['load_start']['loadavg'][0]} at the start, "
+                   f"{v['load_end']['loadavg'][0]} at the end; other labs present: "
+                   f"{len(v['load_start']['labs_present'])}")
+    return out + [""]
+
+
 def bpf_build(doc) -> list[str]:
     names = {"nic": "NIC program (bpf/nic)", "fabric": "lab fabric (bpf/lab)",
              "metaroce_up": "`metaroce up` on a lab host"}
@@ -453,6 +480,9 @@ def main() -> int:
     path = os.path.join(HERE, "results", "qp_scale.json")
     if os.path.exists(path):
         lines += qp_scale(json.load(open(path)))
+    path = os.path.join(HERE, "results", "lab_path.json")
+    if os.path.exists(path):
+        lines += lab_path(json.load(open(path)))
     path = os.path.join(HERE, "results", "bpf_build.json")
     if os.path.exists(path):
         lines += bpf_build(json.load(open(path)))
