@@ -3,11 +3,11 @@
 MRE_CFLAGS adds compiler flags (e.g. -fsanitize=address -g for a debugging build)."""
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
+
+from ..cffi_build import cdef_headers, compile_into
 
 HERE = Path(__file__).resolve().parent
 HEADERS = ("mre.h", "mre_cc.h", "mre_paths.h", "mre_credit.h")   # the cffi interface
@@ -17,9 +17,7 @@ MODULE = "metaroce.cengine._mre"
 
 def ffibuilder() -> FFI:
     ffi = FFI()
-    for name in HEADERS:
-        text = (HERE / name).read_text()
-        ffi.cdef("\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#")))
+    cdef_headers(ffi, (HERE / name for name in HEADERS))
     flags = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"]
     flags += os.environ.get("MRE_CFLAGS", "").split()
     ffi.set_source(MODULE, "".join(f'#include "{h}"\n' for h in HEADERS),
@@ -30,15 +28,7 @@ def ffibuilder() -> FFI:
 
 
 def main() -> None:
-    # build away from the project root (setuptools would read its pyproject.toml)
-    with tempfile.TemporaryDirectory() as tmp:
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            built = Path(ffibuilder().compile(tmpdir=tmp, verbose=False))
-        finally:
-            os.chdir(cwd)
-        shutil.copy2(built, HERE / built.name)
+    compile_into(ffibuilder(), HERE)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
 """Build the cffi (API mode) extension of the user-space fast path: `python -m
 metaroce.fastpath.build` (the setup step runs it; the result sits next to this file)."""
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
+
+from ..cffi_build import cdef_headers, compile_into
 
 HERE = Path(__file__).resolve().parent
 # the verbs queues' layout is shared with the NIC: bpf/nic in a checkout, or the wheel's copy
@@ -19,9 +18,7 @@ SOURCES = ("xsk.c", "roce_tx.c", "events.c", "poll.c", "vq.c")
 
 def ffibuilder() -> FFI:
     ffi = FFI()
-    for path in (*CDEF_ONLY, *(HERE / name for name in HEADERS)):
-        text = path.read_text()
-        ffi.cdef("\n".join(l for l in text.splitlines() if not l.startswith("#")))
+    cdef_headers(ffi, (*CDEF_ONLY, *(HERE / name for name in HEADERS)))
     ffi.set_source("metaroce.fastpath._xsk", "".join(f'#include "{h}"\n' for h in HEADERS),
                    sources=[str(HERE / s) for s in SOURCES], include_dirs=[str(HERE), str(NIC)],
                    libraries=["isal", "bpf"],
@@ -30,15 +27,7 @@ def ffibuilder() -> FFI:
 
 
 def main() -> None:
-    # build away from the project root (setuptools would read its pyproject.toml)
-    with tempfile.TemporaryDirectory() as tmp:
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            built = Path(ffibuilder().compile(tmpdir=tmp, verbose=False))
-        finally:
-            os.chdir(cwd)
-        shutil.copy2(built, HERE / built.name)
+    compile_into(ffibuilder(), HERE)
 
 
 if __name__ == "__main__":
