@@ -22,7 +22,9 @@ struct mre_engine *mre_engine_new(const struct mre_engine_cfg *cfg)
     e->cfg = *cfg;
     e->nqps = cfg->max_qps ? cfg->max_qps : 1;
     e->qps = calloc(e->nqps, sizeof(*e->qps));
-    e->mrs = calloc(cfg->max_mrs ? cfg->max_mrs : 1, sizeof(*e->mrs));
+    uint32_t ms = pow2(2 * (cfg->max_mrs ? cfg->max_mrs : 1));
+    e->mrs = calloc(ms, sizeof(*e->mrs));
+    e->mrs_mask = ms - 1;
     uint32_t oc = pow2(cfg->out_cap ? cfg->out_cap : 4096);
     uint32_t cc = pow2(cfg->cq_cap ? cfg->cq_cap : 4096);
     e->out = calloc(oc, sizeof(*e->out));
@@ -65,26 +67,56 @@ void mre_engine_free(struct mre_engine *e)
     free(e);
 }
 
+static uint32_t mr_slot(uint32_t rkey, uint32_t mask)
+{
+    uint32_t h = rkey * 0x9E3779B1u;            /* rkeys are random; mix anyway */
+    return (h ^ (h >> 16)) & mask;
+}
+
 int mre_mr_reg(struct mre_engine *e, uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access,
                uint8_t *mem)
 {
     uint32_t max = e->cfg.max_mrs ? e->cfg.max_mrs : 1;
-    for (uint32_t i = 0; i < e->nmrs; i++)
-        if (e->mrs[i].rkey == rkey) {
-            e->mrs[i] = (struct mr){rkey, access, addr, len, mem};
-            return 0;
+    uint32_t i = mr_slot(rkey, e->mrs_mask);
+    while (e->mrs[i].used && e->mrs[i].rkey != rkey)
+        i = (i + 1) & e->mrs_mask;
+    if (!e->mrs[i].used) {
+        if (e->nmrs == max)
+            return MRE_E_FULL;
+        e->nmrs++;
+    }
+    e->mrs[i] = (struct mr){1, rkey, access, addr, len, mem};
+    return 0;
+}
+
+int mre_mr_dereg(struct mre_engine *e, uint32_t rkey)
+{
+    uint32_t i = mr_slot(rkey, e->mrs_mask);
+    while (e->mrs[i].used && e->mrs[i].rkey != rkey)
+        i = (i + 1) & e->mrs_mask;
+    if (!e->mrs[i].used)
+        return MRE_E_INVAL;
+    e->nmrs--;
+    /* backward-shift deletion: move every later entry of the run that may sit in the hole */
+    for (uint32_t j = (i + 1) & e->mrs_mask; e->mrs[j].used; j = (j + 1) & e->mrs_mask) {
+        uint32_t home = mr_slot(e->mrs[j].rkey, e->mrs_mask);
+        if (((j - home) & e->mrs_mask) >= ((j - i) & e->mrs_mask)) {
+            e->mrs[i] = e->mrs[j];
+            i = j;
         }
-    if (e->nmrs == max)
-        return MRE_E_FULL;
-    e->mrs[e->nmrs++] = (struct mr){rkey, access, addr, len, mem};
+    }
+    e->mrs[i].used = 0;
     return 0;
 }
 
 const struct mr *eng_mr(const struct mre_engine *e, uint32_t rkey)
 {
-    for (uint32_t i = 0; i < e->nmrs; i++)
+    uint32_t i = mr_slot(rkey, e->mrs_mask);
+    while (e->mrs[i].used) {
         if (e->mrs[i].rkey == rkey)
             return &e->mrs[i];
+        i = (i + 1) & e->mrs_mask;
+    }
     return NULL;
 }
 
@@ -113,7 +145,7 @@ int eng_out_room(const struct mre_engine *e)
 }
 
 void eng_cqe(struct mre_engine *e, struct qp *q, uint64_t wr_id, uint8_t status, uint8_t opcode,
-             uint32_t byte_len, int has_imm, uint32_t imm)
+             uint32_t byte_len, uint8_t wc_flags, uint32_t imm)
 {
     if (e->cq_tail - e->cq_head > e->cq_mask) {
         e->cq_overruns++;
@@ -126,7 +158,7 @@ void eng_cqe(struct mre_engine *e, struct qp *q, uint64_t wr_id, uint8_t status,
     c->opcode = opcode;
     c->byte_len = byte_len;
     c->imm = imm;
-    c->wc_flags = has_imm ? MRE_WC_WITH_IMM : 0;
+    c->wc_flags = wc_flags;
     c->qpn = q->qpn;
     c->qp = (uint32_t)(q - e->qps);
 }
@@ -305,6 +337,15 @@ int mre_qp_modify(struct mre_engine *e, uint32_t h, uint32_t state, const struct
     return 0;
 }
 
+int mre_qp_to_error(struct mre_engine *e, uint32_t h)
+{
+    struct qp *q = qp_of(e, h);
+    if (!q)
+        return MRE_E_NOQP;
+    eng_qp_error(e, q);
+    return 0;
+}
+
 int mre_post_send(struct mre_engine *e, uint32_t h, const struct mre_wqe *w, int64_t now)
 {
     struct qp *q = qp_of(e, h);
@@ -416,7 +457,7 @@ void mre_event(struct mre_engine *e, uint32_t h, const struct mre_event *ev, int
     struct qp *q = qp_of(e, h);
     if (!q || q->state == MRE_RESET || q->state == MRE_INIT || q->state == MRE_ERR)
         return;
-    if (ev->type == MRE_EV_RECV || ev->type == MRE_EV_EPSN)
+    if (ev->type == MRE_EV_RECV || ev->type == MRE_EV_EPSN || ev->type == MRE_EV_READ_REQ)
         resp_event(e, q, ev);
     else
         req_event(e, q, ev, now);
@@ -464,6 +505,18 @@ uint64_t mre_qp_rx_bytes(struct mre_engine *e, uint32_t h)
 {
     struct qp *q = qp_of(e, h);
     return q ? q->resp.rx_bytes : 0;
+}
+
+uint32_t mre_qp_outstanding(struct mre_engine *e, uint32_t h)
+{
+    struct qp *q = qp_of(e, h);
+    return q ? q->req.sq_tail - q->req.sq_head : 0;
+}
+
+uint32_t mre_qp_next_psn(struct mre_engine *e, uint32_t h)
+{
+    struct qp *q = qp_of(e, h);
+    return q ? q->req.nxt : 0;
 }
 
 int mre_qp_info(struct mre_engine *e, uint32_t h, struct mre_qp_info *o)
@@ -533,6 +586,14 @@ int mre_qp_info(struct mre_engine *e, uint32_t h, struct mre_qp_info *o)
     o->read_pending = s->read_pending;
     o->paths = r->started ? r->paths.n : 0;
     o->path_evictions = r->paths.evictions;
+    o->credit_grants = r->credit_grants;
+    o->credit_blocked = r->credit_blocked;
+    o->read_responses = s->read_responses;
+    o->outstanding = r->sq_tail - r->sq_head;
+    o->ack_timeouts = r->ack_timeouts;
+    o->seq_errs = r->seq_errs;
+    o->sacks = r->sacks;
+    o->rereads = r->rereads;
     return 0;
 }
 

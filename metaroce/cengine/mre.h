@@ -18,7 +18,7 @@ enum {
     MRE_WR_RDMA_WRITE = 0, MRE_WR_RDMA_WRITE_WITH_IMM = 1, MRE_WR_SEND = 2,
     MRE_WR_SEND_WITH_IMM = 3, MRE_WR_RDMA_READ = 4, MRE_WR_ATOMIC_CMP_AND_SWP = 5,
     MRE_WR_ATOMIC_FETCH_AND_ADD = 6,
-    MRE_SEND_SIGNALED = 2,
+    MRE_SEND_SIGNALED = 2, MRE_SEND_SOLICITED = 4,
     /* completion opcodes: enum ibv_wc_opcode; wc_flags */
     MRE_WC_SEND = 0, MRE_WC_RDMA_WRITE = 1, MRE_WC_RDMA_READ = 2, MRE_WC_COMP_SWAP = 3,
     MRE_WC_FETCH_ADD = 4, MRE_WC_RECV = 128, MRE_WC_RECV_RDMA_WITH_IMM = 129,
@@ -44,6 +44,7 @@ enum {
     /* why the requester stopped transmitting (mre_qp_info.blocked) */
     MRE_BLK_NONE = 0, MRE_BLK_WINDOW = 1, MRE_BLK_CWND = 2, MRE_BLK_CREDIT = 3,
     MRE_BLK_PACE = 4, MRE_BLK_TXQ = 5,
+    MRE_BLK_ORDER = 6,         /* a WRITE/atomic waits for an overlapping READ (hold_overlap) */
     /* deliberately broken behaviour, for the tests that must catch it (mre_qp_cfg.breaks) */
     MRE_BREAK_COMPLETE_BEFORE_ACK = 1,   /* complete SEND/WRITE once sent, not when acked */
     MRE_BREAK_NO_HOLE_RETRANSMIT = 2,    /* MetaRoCE: never repair a SACK hole */
@@ -64,6 +65,14 @@ enum {
                                 * engine completes receives in RSN order once the cumulative
                                 * PSN passed them (PLACE-5); MRE_EVF_IN_ORDER: it was in order */
     MRE_EV_EPSN = 10,          /* responder: the cumulative PSN moved: psn = the new ePSN */
+    MRE_EV_READ_REQ = 11,      /* responder (wire): the data path checked a READ request and
+                                * hands it over to answer: psn, msn (of the response), va,
+                                * rkey, len, rsn = its SSN (PETH echo), sport (the request's UDP
+                                * source port, answered on it); MRE_EVF_DUPLICATE: a repeat */
+    MRE_EV_LOCAL_ERR = 12,     /* requester (wire): the data path could not place the response
+                                * to the request at psn (status: enum ibv_wc_status): the WQE
+                                * fails with it and the QP goes to ERR */
+    MRE_EVF_DUPLICATE = 1,
     MRE_EVF_IN_ORDER = 64,
     MRE_EVF_PLACE = 128,       /* MRE_EV_ATOMIC_ACK: write the value to the WQE's buffer */
     /* errors returned by the API (negative) */
@@ -97,6 +106,13 @@ struct mre_qp_cfg {
     uint8_t paths;             /* MetaRoCE entropy set size (MP-1), 1..64 */
     uint8_t credits;           /* use the engine's credit manager (CREDIT capability) */
     uint8_t cc;                /* congestion control on (window CC / DCQCN) */
+    uint8_t hold_overlap;      /* a WRITE or atomic whose remote bytes overlap an outstanding
+                                * READ's waits until the READ has its data (the wire: its
+                                * responder places on arrival but reads memory later) */
+    uint8_t credit_sack;       /* credit signalled by SACK flag C only (the wire's data path):
+                                * C starts or refreshes credit mode, a SACK without it ends it;
+                                * no MR_CREDIT grants, no probes; needs no credit manager */
+    uint8_t rsvd_cfg[2];
     uint32_t breaks;           /* MRE_BREAK_* */
     uint32_t sq_cap;           /* send WQEs outstanding at most */
     uint32_t rq_cap;           /* receive WQEs posted at most */
@@ -166,7 +182,7 @@ struct mre_pkt {
     uint8_t path;              /* PETH PathID (requests) / SACKETH PathID (echo) */
     uint8_t has;               /* MRE_H_* */
     uint16_t sport;            /* UDP source port */
-    uint16_t rsvd;
+    uint16_t se;               /* 1: BTH.SE (the last packet of a solicited SEND) */
     uint32_t ts;               /* PETH Timestamp (ns mod 2^32) */
     uint32_t ts_echo;          /* SACKETH Timestamp Echo */
     uint32_t ce_count;         /* SACKETH CE Count */
@@ -187,7 +203,7 @@ struct mre_pkt {
     const uint8_t *data;       /* payload (output: the WQE's local buffer or registered memory;
                                 * READ responses also name it by reth_rkey / reth_va) */
     uint32_t len;              /* payload bytes */
-    uint32_t rsvd3;
+    uint32_t wqe;              /* output requests: the WQE's posting index (0, 1, ... per QP) */
     uint64_t wr_id;            /* output requests: the WQE's wr_id (for the transmit path) */
 };
 
@@ -213,6 +229,10 @@ struct mre_event {
     uint64_t wr_id;            /* MRE_EV_RECV */
     uint32_t rsn, imm;
     uint8_t wc_opcode, status, wc_flags, rsvd2;
+    uint64_t va;               /* MRE_EV_READ_REQ */
+    uint32_t rkey;
+    uint16_t sport;
+    uint16_t rsvd3;
 };
 
 struct mre_cqe {
@@ -259,6 +279,15 @@ struct mre_qp_info {
     uint64_t read_go_backs, read_pending;
     uint32_t paths;
     uint32_t path_evictions;
+    uint64_t credit_grants;    /* credit limits applied (grants and SACK flag C) */
+    uint64_t credit_blocked;   /* times new data stopped at the credit limit */
+    uint64_t read_responses;   /* READ response packets sent */
+    uint64_t ack_timeouts;     /* expiries that consumed retry_cnt (local ACK timeouts) */
+    uint64_t seq_errs;         /* PSN sequence NAKs and READ gaps acted on */
+    uint64_t sacks;            /* SACKs processed */
+    uint64_t rereads;          /* READ requests sent again (from their first missing PSN) */
+    uint32_t outstanding;      /* send WQEs posted and not completed */
+    uint32_t rsvd_info;
 };
 
 struct mre_path_info {
@@ -275,6 +304,7 @@ void mre_engine_free(struct mre_engine *e);
 /* Registered memory (the responder side checks and places; mem may be NULL on the wire). */
 int mre_mr_reg(struct mre_engine *e, uint32_t rkey, uint64_t addr, uint64_t len, uint32_t access,
                uint8_t *mem);
+int mre_mr_dereg(struct mre_engine *e, uint32_t rkey);                /* 0, or MRE_E_INVAL */
 /* Receiver credit manager counters */
 uint32_t mre_credit_grants(struct mre_engine *e);
 uint32_t mre_credit_max_active(struct mre_engine *e);
@@ -283,6 +313,7 @@ uint32_t mre_credit_max_active(struct mre_engine *e);
 int mre_qp_new(struct mre_engine *e, const struct mre_qp_cfg *cfg);   /* handle, or < 0 */
 void mre_qp_free(struct mre_engine *e, uint32_t qp);
 int mre_qp_modify(struct mre_engine *e, uint32_t qp, uint32_t state, const struct mre_qp_attr *a);
+int mre_qp_to_error(struct mre_engine *e, uint32_t qp);   /* to ERR whatever its state */
 int mre_post_send(struct mre_engine *e, uint32_t qp, const struct mre_wqe *w, int64_t now);
 int mre_post_recv(struct mre_engine *e, uint32_t qp, uint64_t wr_id, uint8_t *buf, uint32_t len);
 
@@ -306,6 +337,8 @@ uint64_t mre_cq_overruns(struct mre_engine *e);
 /* ---- introspection ---- */
 int mre_qp_state(struct mre_engine *e, uint32_t qp);          /* MRE_RESET .. MRE_ERR, or < 0 */
 uint64_t mre_qp_rx_bytes(struct mre_engine *e, uint32_t qp);  /* payload bytes accepted */
+uint32_t mre_qp_outstanding(struct mre_engine *e, uint32_t qp); /* send WQEs not completed */
+uint32_t mre_qp_next_psn(struct mre_engine *e, uint32_t qp);   /* the next new PSN it sends */
 int mre_qp_info(struct mre_engine *e, uint32_t qp, struct mre_qp_info *out);
 int mre_path_info(struct mre_engine *e, uint32_t qp, uint32_t k, struct mre_path_info *out);
 

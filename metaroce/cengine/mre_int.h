@@ -93,6 +93,8 @@ struct requester {
     uint32_t last_ce;
     int64_t last_rtt;          /* -1: none */
     uint64_t tx, retx, timeouts, rnr, rtt_samples, lost, lost_a, lost_b, cnp, probes, tx_bytes;
+    uint64_t credit_grants, credit_blocked;
+    uint64_t ack_timeouts, seq_errs, sacks, rereads;
 };
 
 /* ---- responder ---- */
@@ -179,6 +181,7 @@ struct responder {
     uint16_t trig_sport;
     uint64_t accept, duplicate, drop, nak_seq, nak_invalid, nak_access, rnr;
     uint64_t ce, cnp, sacks, grants, probes, rx_bytes, read_go_backs, read_pending;
+    uint64_t read_responses;
 };
 
 /* ---- QP and engine ---- */
@@ -197,6 +200,7 @@ struct qp {
 };
 
 struct mr {
+    uint8_t used;
     uint32_t rkey;
     uint32_t access;
     uint64_t addr, len;
@@ -207,7 +211,8 @@ struct mre_engine {
     struct mre_engine_cfg cfg;
     struct qp *qps;
     uint32_t nqps;
-    struct mr *mrs;
+    struct mr *mrs;            /* open addressing by rkey (linear probing), 2 x max_mrs slots */
+    uint32_t mrs_mask;
     uint32_t nmrs;
     struct mre_pkt *out;       /* output ring */
     uint32_t out_mask, out_head, out_tail;
@@ -224,7 +229,7 @@ struct mre_engine {
 struct mre_pkt *eng_out(struct mre_engine *e);       /* NULL: the ring is full */
 int eng_out_room(const struct mre_engine *e);
 void eng_cqe(struct mre_engine *e, struct qp *q, uint64_t wr_id, uint8_t status, uint8_t opcode,
-             uint32_t byte_len, int has_imm, uint32_t imm);
+             uint32_t byte_len, uint8_t wc_flags, uint32_t imm);
 void eng_qp_error(struct mre_engine *e, struct qp *q);
 const struct mr *eng_mr(const struct mre_engine *e, uint32_t rkey);
 void eng_rd_activate(struct mre_engine *e, struct qp *q);

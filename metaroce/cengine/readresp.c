@@ -121,6 +121,7 @@ int rd_take(struct mre_engine *e, struct qp *q, struct mre_pkt *out, int max)
                 p->data = m->mem + (r->va - m->addr) + off;
         }
         p->sport = r->sport ? r->sport : req_sport0(q);
+        s->read_responses++;
         if (++r->next == r->npkts)
             s->rd_head++;
     }

@@ -15,6 +15,8 @@ static const uint32_t RNR_TIMER_USEC[32] = {
     245760, 327680, 491520,
 };
 
+#define CREDIT_INITIAL_PKTS 2  /* CC-8: before the first SACK, without a credit manager */
+
 static inline struct wqe *sqw(struct requester *r, uint32_t abs)
 {
     return &r->sq[abs & r->sq_mask];
@@ -264,9 +266,10 @@ void req_start(struct mre_engine *e, struct qp *q)
                            c->dcqcn_ai_bps, c->dcqcn_hai_bps, c->dcqcn_min_bps);
         }
     }
-    if (qp_metaroce(q) && c->credits && e->has_credit) {
-        r->has_credit = 1;
-        mre_gate_init(&r->credit, q->attr.sq_psn, e->credit.initial_pkts);
+    if (qp_metaroce(q) && c->credits && (e->has_credit || c->credit_sack)) {
+        r->has_credit = 1;      /* CC-8: a sender with the CREDIT capability starts limited */
+        mre_gate_init(&r->credit, q->attr.sq_psn,
+                      e->has_credit ? e->credit.initial_pkts : CREDIT_INITIAL_PKTS);
     }
     r->started = 1;
 }
@@ -581,6 +584,7 @@ static int req_send(struct mre_engine *e, struct qp *q, uint32_t wabs, uint32_t 
     p->sport = path->sport;
     p->ts = (uint32_t)now;
     p->wr_id = w->wr.wr_id;
+    p->wqe = wabs;
     if (retx)
         p->flags |= MRE_PF_RETX;
     if (mr) {
@@ -592,6 +596,7 @@ static int req_send(struct mre_engine *e, struct qp *q, uint32_t wabs, uint32_t 
     uint32_t last_touched = idx;
     uint8_t op = w->wr.opcode;
     if (op == MRE_WR_RDMA_READ) {
+        r->rereads += retx != 0;
         p->opcode = mode_op(q, OP_READ_REQ);
         p->flags |= MRE_PF_ACK_REQ;
         p->has |= MRE_H_RETH;
@@ -626,6 +631,8 @@ static int req_send(struct mre_engine *e, struct qp *q, uint32_t wabs, uint32_t 
             p->has |= MRE_H_IMM;
             p->imm = w->wr.imm;
         }
+        if (last && send && (w->wr.send_flags & MRE_SEND_SOLICITED))
+            p->se = 1;
         int64_t left = (int64_t)w->wr.length - (int64_t)idx * mtu;
         p->len = left <= 0 ? 0 : (left < mtu ? (uint32_t)left : mtu);
         p->data = (const uint8_t *)(uintptr_t)w->wr.local + (uint64_t)idx * mtu;
@@ -692,6 +699,30 @@ static void rtxq_push(struct requester *r, uint32_t psn)
     r->rtxq[r->rtxq_tail++ & r->rtxq_mask] = psn;
 }
 
+/* hold_overlap: a WRITE or atomic whose remote bytes overlap those of an earlier READ still
+ * waiting for its responses. The wire's responder places a WRITE (and executes an atomic) on
+ * arrival in its kernel but builds a READ's responses from memory later, in its daemon: sent
+ * now, the WRITE could change bytes the READ must return as they were (RESP-10: a responder
+ * executes in PSN order). Such a WR waits, with everything posted after it, until the READ has
+ * its data (a fence for overlapping bytes only). test_control_fuzz found it: READ 124 bytes
+ * from X, then WRITE 1 byte at X + 117. */
+static int behind_a_read(struct qp *q, const struct wqe *nw)
+{
+    struct requester *r = &q->req;
+    if (!r->rd_outstanding || nw->is_read)
+        return 0;
+    uint64_t lo = nw->wr.remote_addr, hi = lo + (nw->needs_response ? 8 : nw->wr.length);
+    if (hi == lo)
+        return 0;
+    for (uint32_t c = r->sq_head; c != r->sq_infl; c++) {
+        const struct wqe *w = sqw(r, c);
+        if (w->is_read && w->nacked < w->npkts && w->wr.rkey == nw->wr.rkey &&
+            w->wr.remote_addr < hi && lo < w->wr.remote_addr + w->wr.length)
+            return 1;
+    }
+    return 0;
+}
+
 void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
 {
     struct requester *r = &q->req;
@@ -728,6 +759,10 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
             struct wqe *nw = sqw(r, r->sq_infl);
             if (nw->needs_response && r->rd_outstanding >= q->attr.max_rd_atomic)
                 break;
+            if (q->cfg.hold_overlap && behind_a_read(q, nw)) {
+                r->blocked = MRE_BLK_ORDER;
+                break;
+            }
             assign(q);
         }
         uint32_t wabs = tx_wqe(q);
@@ -756,6 +791,7 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
         e->out[r->last_desc & e->out_mask].flags |= MRE_PF_ACK_REQ;  /* the edge asks (RESP-1) */
     if (r->has_credit) {
         if (r->blocked == MRE_BLK_CREDIT) {
+            r->credit_blocked++;
             if (r->credit.blocked_since < 0)
                 r->credit.blocked_since = now;
         } else {
@@ -924,8 +960,10 @@ static int on_ack(struct mre_engine *e, struct qp *q, const struct mre_event *ev
         r->gbn_psn = -1;
         go_back(q, psn);
     } else if (typ == 0x60) {
-        if (val == 0)
+        if (val == 0) {
+            r->seq_errs++;
             go_back(q, psn);
+        }
         else
             fail(e, q, wqe_of(q, psn), nak_status(val));
     }
@@ -952,6 +990,7 @@ static int on_sack(struct mre_engine *e, struct qp *q, const struct mre_event *e
         return 0;
     }
     uint32_t *newly = r->scratch, n = 0;
+    r->sacks++;
     for (uint32_t c = r->sq_head; c != r->sq_infl; c++) {      /* cumulative part */
         struct wqe *w = sqw(r, c);
         if (psn_diff(w->first_psn, cum) > 0)
@@ -1023,9 +1062,25 @@ static int on_sack(struct mre_engine *e, struct qp *q, const struct mre_event *e
         mre_paths_congested(&r->paths, ev->path);   /* MP-3: the path's weight falls */
     if (r->has_cc)
         mre_wcc_on_ack(&r->cc, now, acked_bytes, rtt, ecn, srtt_or0(r));
-    if (r->has_credit) {
+    if (r->has_credit && q->cfg.credit_sack) {
+        /* the wire's signalling: flag C starts or refreshes credit mode, no flag ends it */
         if (ev->flags & MRE_PF_CREDIT) {
+            uint32_t lim = ev->credit_limit & PSN_MASK;
+            if (!r->credit.active || psn_diff(lim, r->credit.limit) > 0) {
+                r->credit.active = 1;
+                r->credit.limit = lim;
+                r->credit_grants++;
+            }
+            r->credit.last_grant = now;
+        } else if (r->credit.active) {
+            r->credit.active = 0;
+            r->credit.last_grant = now;
+        }
+    } else if (r->has_credit) {
+        if (ev->flags & MRE_PF_CREDIT) {
+            uint32_t before = r->credit.limit;
             mre_gate_refresh(&r->credit, ev->credit_limit & PSN_MASK, now);
+            r->credit_grants += r->credit.limit != before;
         } else if ((ev->flags & MRE_PF_PROBE_REPLY) && r->credit.active) {
             r->credit.active = 0;       /* CC-9: the probe's answer says credit mode is off */
             r->credit.last_grant = now;
@@ -1128,8 +1183,10 @@ static int on_read_progress(struct mre_engine *e, struct qp *q, uint32_t psn, in
             progress = 1;
         }
     }
-    if (gap && w->nacked < w->npkts && q->state != MRE_ERR)
+    if (gap && w->nacked < w->npkts && q->state != MRE_ERR) {
+        r->seq_errs++;
         req_send(e, q, wabs, s->idx, now, 1);
+    }
     return progress;
 }
 
@@ -1151,6 +1208,7 @@ static void on_grant(struct mre_engine *e, struct qp *q, const struct mre_event 
         return;
     if (mre_gate_on_grant(&r->credit, ev->psn & PSN_MASK, (ev->flags & MRE_PF_GRANT_ACTIVE) != 0,
                           ev->credit_limit & PSN_MASK, ev->rate, now)) {
+        r->credit_grants++;
         r->credit.blocked_since = -1;
         req_pump(e, q, now);
     }
@@ -1184,6 +1242,10 @@ void req_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev, i
     case MRE_EV_ATOMIC_ACK:
         progress = on_atomic_ack(q, ev, now);
         break;
+    case MRE_EV_LOCAL_ERR:
+        if (in_window(q, ev->psn & PSN_MASK))
+            fail(e, q, wqe_of(q, ev->psn & PSN_MASK), ev->status);
+        return;
     case MRE_EV_READ_DONE:
     case MRE_EV_READ_GAP:
         progress = on_read_progress(e, q, ev->psn & PSN_MASK, ev->type == MRE_EV_READ_GAP, now);
@@ -1311,8 +1373,10 @@ void req_on_timer(struct mre_engine *e, struct qp *q, int64_t now)
         return;
     }
     r->timeouts++;
-    if (!qp_metaroce(q) || (mre_rto_ns(&r->rto) >= r->rto.max && q->attr.timeout != 0))
+    if (!qp_metaroce(q) || (mre_rto_ns(&r->rto) >= r->rto.max && q->attr.timeout != 0)) {
         r->retries++;          /* RTO-2: only expiries at RTO_max count; RTO-4: none if infinite */
+        r->ack_timeouts++;
+    }
     if (r->retries > (int32_t)q->attr.retry_cnt) {
         fail(e, q, r->sq_head, MRE_WC_RETRY_EXC_ERR);
         return;

@@ -566,7 +566,7 @@ static void complete_recv(struct mre_engine *e, struct qp *q, uint8_t opcode, ui
         return;
     struct recv_wqe *r = &s->rq[s->rq_head++ & s->rq_mask];
     s->recv_head = psn_add(s->recv_head, 1);
-    eng_cqe(e, q, r->wr_id, MRE_WC_SUCCESS, opcode, byte_len, has_imm, imm);
+    eng_cqe(e, q, r->wr_id, MRE_WC_SUCCESS, opcode, byte_len, has_imm ? MRE_WC_WITH_IMM : 0, imm);
 }
 
 static void save_atomic(struct responder *s, uint32_t psn, uint64_t value)
@@ -889,8 +889,7 @@ static void release_recvs(struct mre_engine *e, struct qp *q)
             return;
         r->valid = 0;
         s->rwait_next = psn_add(s->rwait_next, 1);
-        eng_cqe(e, q, r->wr_id, r->status, r->opcode, r->byte_len, r->wc_flags & MRE_WC_WITH_IMM,
-                r->imm);
+        eng_cqe(e, q, r->wr_id, r->status, r->opcode, r->byte_len, r->wc_flags, r->imm);
     }
 }
 
@@ -899,14 +898,34 @@ static void release_recvs(struct mre_engine *e, struct qp *q)
 void resp_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev)
 {
     struct responder *s = &q->resp;
+    if (ev->type == MRE_EV_READ_REQ) {
+        /* the wire's data path checked it (sequence, R_Key, bounds, access) and moved its
+         * ePSN; here it is answered: queued, or, for a PSN the responses already reached (a
+         * repeat: the requester lost one), sent again from there (RESP-4, rd_go_back) */
+        struct pending pd;
+        memset(&pd, 0, sizeof(pd));
+        pd.psn = ev->psn & PSN_MASK;
+        pd.valid = 1;
+        pd.op = OP_READ_REQ;
+        pd.va = ev->va;
+        pd.rkey = ev->rkey;
+        pd.len = ev->len;
+        pd.ssn = ev->rsn & PSN_MASK;
+        pd.sport = ev->sport;
+        if ((ev->flags & MRE_EVF_DUPLICATE) ||
+            (s->rd_served >= 0 && psn_diff(pd.psn, (uint32_t)s->rd_served) <= 0))
+            rd_go_back(e, q, &pd, ev->msn & MSN_MASK);
+        else
+            rd_queue(e, q, &pd, ev->msn & MSN_MASK);
+        return;
+    }
     if (ev->type == MRE_EV_EPSN) {
         s->rx_epsn = ev->psn & PSN_MASK;
         release_recvs(e, q);
         return;
     }
     if (!qp_metaroce(q) || ev->status) {          /* in order already, or an error: now */
-        eng_cqe(e, q, ev->wr_id, ev->status, ev->wc_opcode, ev->len,
-                ev->wc_flags & MRE_WC_WITH_IMM, ev->imm);
+        eng_cqe(e, q, ev->wr_id, ev->status, ev->wc_opcode, ev->len, ev->wc_flags, ev->imm);
         s->rwait_next = psn_add(ev->rsn, 1);
         return;
     }
