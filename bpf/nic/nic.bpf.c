@@ -547,6 +547,7 @@ static __always_inline u32 on_read(struct xdp_md *ctx, const struct roce_pkt *rp
     ev.len = len;
     ev.flags = dup;
     ev.imm = ssn;                    /* MetaRoCE: echoed in the responses' PETH */
+    ev.pad = rp->sport;              /* answered on the request's own path (its UDP port) */
     ev.msn = ext ? (qp->msn + !dup) & 0xFFFFFF : qp->msn;
     emit(&ev);
     return dup ? RX_DUPLICATE : RX_READ_REQUEST;
@@ -1095,15 +1096,19 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         return RX_UNEXPECTED_RESPONSE;
     u32 outstanding = ((u32)*(volatile u64 *)nxt - qp->una) & PSN_MASK;
     qp->sacks_received++;
-    if (sk.flags & SACK_F_ECE) {              /* congestion echoed: tell the rate controller */
-        qp->rp_cnp_handled++;
-        event(EV_CNP, qpn, psn, 1, 0, 0, 0, 0, 0);
-    }
+    if (sk.flags & SACK_F_ECE)                /* congestion echoed (counted; the flag travels */
+        qp->rp_cnp_handled++;                 /* to the rate controller in the event) */
+    /* One event per SACK that says anything: EV_SACK with psn = the cumulative PSN (for a
+     * fatal NAK the offending PSN), the syndrome, the bitmap (wr_id: bits of PSNs cum + 2 ..
+     * cum + 65, most significant first; va: the next 64), len = the credit (CREDIT_VALID |
+     * Limit PSN, or 0), imm = the timestamp echo (an RTT sample), flags = 1 | PathID << 8 |
+     * the SACK's flags << 16 (MP-2: feedback, ECN included, is the path's). */
+    u32 fb = 1 | (u32)sk.path << 8 | (u32)sk.flags << 16;
     if (type == 3) {                          /* fatal NAK: BTH.PSN is the offending PSN */
         if (((psn - qp->una) & PSN_MASK) >= outstanding)
             return RX_UNEXPECTED_RESPONSE;
         qp->una = psn;
-        event(EV_NAK, qpn, psn, syn, 0, 0, 0, 0, msn);
+        event_va(EV_SACK, qpn, psn, syn, 0, 0, 0, bpf_ntohl(sk.ts), fb, msn);
         return RX_ACK;
     }
     if (type == 2)
@@ -1113,32 +1118,22 @@ static __always_inline u32 on_sack(struct xdp_md *ctx, const struct roce_pkt *rp
         d = 0;                                /* older than what is acknowledged */
     if (d > outstanding)
         return RX_UNEXPECTED_RESPONSE;        /* beyond what was sent (RESP-12) */
-    /* len: the receiver's credit (CC-8), CREDIT_VALID | Limit PSN, or 0: unlimited */
     u32 cred = sk.flags & SACK_F_CREDIT_VALID ? CREDIT_VALID | (bpf_ntohl(sk.limit) & PSN_MASK) : 0;
     qp->credit = cred;
-    if (d) {                                  /* imm: the timestamp echo, an RTT sample */
+    if (d) {
         qp->una = (psn + 1) & PSN_MASK;
         qp->acks_received++;
     }
-    /* flags: 1 (imm is a timestamp echo), the SACK's flags << 16 and its PathID << 8 (MP-2:
-     * the sender attributes feedback, ECN included, to the path) */
-    u32 fb = (u32)sk.path << 8 | (u32)sk.flags << 16;
-    if (d || cred)
-        event(EV_ACK, qpn, psn, syn, 0, cred, bpf_ntohl(sk.ts), 1 | fb, msn);
-    if (type == 1) {                          /* RNR: PSN cumulative + 1 waits (SACK-6) */
+    if (type == 1)                            /* RNR: PSN cumulative + 1 waits (SACK-6) */
         qp->rnr_nak_received++;
-        event(EV_NAK, qpn, (psn + 1) & PSN_MASK, syn, 0, 0, 0, 0, msn);
-        return RX_ACK;
-    }
     u64 hi = (u64)bpf_ntohl(sk.bm[0]) << 32 | bpf_ntohl(sk.bm[1]);
     u64 lo = (u64)bpf_ntohl(sk.bm[2]) << 32 | bpf_ntohl(sk.bm[3]);
     qp->sbm_hi = hi;
     qp->sbm_lo = lo;
     qp->sack_cum = psn;
-    if (hi | lo) {
-        event_va(EV_SACK, qpn, psn, syn, hi, lo, cred, bpf_ntohl(sk.ts), sk.flags | fb, msn);
-    }
-    return d || (hi | lo) ? RX_ACK : RX_DUPLICATE;
+    if (d || cred || (hi | lo) || type == 1 || (sk.flags & SACK_F_ECE))
+        event_va(EV_SACK, qpn, psn, syn, hi, lo, cred, bpf_ntohl(sk.ts), fb, msn);
+    return d || (hi | lo) || type == 1 ? RX_ACK : RX_DUPLICATE;
 }
 
 static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic_qp *qp)

@@ -180,7 +180,7 @@
 #define EV_CNP 7                  /* a CNP reached the requester */
 #define EV_RECV_ERR 8             /* a receive WQE failed (status in ev.status) */
 #define EV_QP_ERROR 9             /* the responder sent a fatal NAK and moved the QP to ERR */
-#define EV_SACK 10                /* MetaRoCE requester: a SACK with holes (bitmap in wr_id, va) */
+#define EV_SACK 10                /* MetaRoCE requester: any SACK that says something (nic_rx on_sack) */
 #define EV_EPSN 11                /* MetaRoCE responder: a filled hole moved ePSN past several */
 /* EV_RECV flags: 1 immediate, 2 WRITE with immediate, 4 arrived in order (MetaRoCE), and */
 #define RECV_F_SOLICITED 8        /* the message had SE set: its completion is a solicited event */

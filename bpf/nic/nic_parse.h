@@ -30,6 +30,7 @@ struct roce_pkt {
     __u32 bth_off;    /* offset of the BTH from the start of the frame */
     __u32 udp_len;    /* UDP length field: BTH .. ICRC */
     __u32 ecn;        /* the IP ECN field (3 = CE) */
+    __u32 sport;      /* UDP source port (host order): the requester's path */
     __u8 saddr[16];   /* source address; IPv4 in the first 4 bytes, the rest zero */
 };
 
@@ -99,6 +100,7 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
         return PARSE_NOT_ROCE;
     rp->bth_off = (void *)(udp + 1) - data;
     rp->udp_len = bpf_ntohs(udp->len);
+    rp->sport = bpf_ntohs(udp->source);
     if (rp->udp_len < sizeof(struct udphdr) + BTH_LEN + ICRC_LEN)
         return PARSE_MALFORMED;
     if ((void *)(udp + 1) + BTH_LEN > data_end)

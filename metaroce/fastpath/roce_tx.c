@@ -39,6 +39,7 @@ enum {
     RC_RDMA_READ_RESPONSE_MIDDLE = 0x0E,
     RC_RDMA_READ_RESPONSE_LAST = 0x0F,
     RC_RDMA_READ_RESPONSE_ONLY = 0x10,
+    RC_ACKNOWLEDGE = 0x11,
     RC_COMPARE_SWAP = 0x13,
     RC_FETCH_ADD = 0x14,
 };
@@ -84,14 +85,37 @@ uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len)
     return crc32_gzip_refl(crc, frame + rest, len - rest - ICRC_LEN);
 }
 
-/* Write one frame: headers, ext (extension headers, elen bytes), payload; returns its length. */
-static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint16_t sport, uint8_t opcode, uint32_t psn,
-                      int ackreq, int solicited, const uint8_t *ext, uint32_t elen,
-                      const uint8_t *payload, uint32_t plen)
+/* The BTH fields of one packet, and the UDP source port it goes out on. */
+struct bth_fields {
+    uint16_t sport;
+    uint8_t opcode;
+    uint8_t ackreq;
+    uint8_t solicited;
+    uint32_t dqpn;
+    uint32_t psn;
+};
+
+/* UDP length (UDP header to ICRC) of a packet with elen bytes of extension headers and plen of
+ * payload, and the whole frame's. */
+static uint64_t l4_len(uint32_t elen, uint32_t plen)
+{
+    return (uint64_t)UDP_LEN + BTH_LEN + elen + plen + ((4 - (plen & 3)) & 3) + ICRC_LEN;
+}
+
+static uint64_t frame_len(const struct mr_roce_flow *f, uint32_t elen, uint32_t plen)
+{
+    return ETH_LEN + (f->ipv6 ? 40 : 20) + l4_len(elen, plen);
+}
+
+/* Write one frame: headers, ext (extension headers, elen bytes), payload; returns its length.
+ * The caller checked that it fits (frame_len). Both the message builders (mr_roce_build) and
+ * the descriptor builder (mr_build_pkt) come here. */
+static uint32_t build_frame(uint8_t *p, const struct mr_roce_flow *f, const struct bth_fields *b,
+                            const uint8_t *ext, uint32_t elen, const uint8_t *payload, uint32_t plen)
 {
     uint32_t pad = (4 - (plen & 3)) & 3;
     uint32_t ihl = f->ipv6 ? 40 : 20;
-    uint32_t l4 = UDP_LEN + BTH_LEN + elen + plen + pad + ICRC_LEN;
+    uint32_t l4 = (uint32_t)l4_len(elen, plen);
     uint32_t total = ETH_LEN + ihl + l4;
     memcpy(p, f->dmac, 6);
     memcpy(p + 6, f->smac, 6);
@@ -117,15 +141,15 @@ static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint16_t sport, 
         memcpy(ip + 16, f->dst_ip, 4);
         put16(ip + 10, ~sum16(ip, 20, 0) & 0xffff);
     }
-    put16(udp, sport);
+    put16(udp, b->sport);
     put16(udp + 2, ROCE_PORT);
     put16(udp + 4, l4);
     put16(udp + 6, 0);
-    bth[0] = opcode;
-    bth[1] = (solicited ? 0x80 : 0) | pad << 4;
+    bth[0] = b->opcode;
+    bth[1] = (b->solicited ? 0x80 : 0) | pad << 4;      /* MigReq 0, TVer 0 */
     put16(bth + 2, f->pkey);
-    put32(bth + 4, f->dqpn & 0xffffff);
-    put32(bth + 8, (ackreq ? 0x80000000u : 0) | (psn & 0xffffff));
+    put32(bth + 4, b->dqpn & 0xffffff);
+    put32(bth + 8, (b->ackreq ? 0x80000000u : 0) | (b->psn & 0xffffff));
     uint8_t *q = bth + BTH_LEN;
     if (elen) {
         memcpy(q, ext, elen);
@@ -149,6 +173,16 @@ static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint16_t sport, 
     return total;
 }
 
+/* A message packet: to the flow's QP (f->dqpn). */
+static uint32_t build(uint8_t *p, const struct mr_roce_flow *f, uint16_t sport, uint8_t opcode, uint32_t psn,
+                      int ackreq, int solicited, const uint8_t *ext, uint32_t elen,
+                      const uint8_t *payload, uint32_t plen)
+{
+    struct bth_fields b = {.sport = sport, .opcode = opcode, .ackreq = ackreq != 0,
+                           .solicited = solicited != 0, .dqpn = f->dqpn, .psn = psn};
+    return build_frame(p, f, &b, ext, elen, payload, plen);
+}
+
 static int carries_payload(const struct mr_roce_msg *m)
 {
     return m->kind == MR_MSG_WRITE || m->kind == MR_MSG_SEND || m->kind == MR_MSG_READ_RESP;
@@ -161,21 +195,31 @@ uint32_t mr_msg_packets(const struct mr_roce_msg *m)
     return (uint32_t)((m->len + m->pmtu - 1) / m->pmtu);
 }
 
-/* PETH (EXT-5): path, flags, SSN, RSN, this packet's offset in the message, a timestamp. */
+/* PETH (EXT-5): path, flags, 2 reserved bytes, SSN, RSN, the packet's offset in the message, the
+ * sender's timestamp (ns mod 2^32). */
+static uint32_t peth(uint8_t *p, uint8_t path, uint8_t flags, uint32_t ssn, uint32_t rsn,
+                     uint32_t off, uint32_t ts)
+{
+    p[0] = path;
+    p[1] = flags;
+    p[2] = p[3] = 0;
+    put32(p + 4, ssn & 0xffffff);
+    put32(p + 8, rsn & 0xffffff);
+    put32(p + 12, off);
+    put32(p + 16, ts);
+    return PETH_LEN;
+}
+
+/* The PETH of a message packet, stamped now. */
 static uint32_t put_peth(uint8_t *p, const struct mr_roce_msg *m, uint8_t path, uint64_t off,
                          int ack_now)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    p[0] = path;
     /* a retransmission asks for an immediate SACK: its first copy's SACK may be what was lost */
-    p[1] = m->retx ? PETH_RETX | PETH_ACK_NOW : ack_now ? PETH_ACK_NOW : 0;
-    p[2] = p[3] = 0;
-    put32(p + 4, m->ssn & 0xffffff);
-    put32(p + 8, m->rsn & 0xffffff);
-    put32(p + 12, (uint32_t)off);
-    put32(p + 16, (uint32_t)(ts.tv_sec * 1000000000ull + ts.tv_nsec));
-    return PETH_LEN;
+    uint8_t flags = m->retx ? PETH_RETX | PETH_ACK_NOW : ack_now ? PETH_ACK_NOW : 0;
+    return peth(p, path, flags, m->ssn, m->rsn, (uint32_t)off,
+                (uint32_t)(ts.tv_sec * 1000000000ull + ts.tv_nsec));
 }
 
 /* Packet idx of message m in MetaRoCE form (spec 5.1): every packet carries a PETH; every WRITE
@@ -369,4 +413,155 @@ uint32_t mr_send_write(struct mr_xsk *x, struct mr_roce_flow *f, const uint8_t *
     uint64_t done = (uint64_t)next * pmtu;
     *offset = len ? (done < len ? done : len) : next;
     return n;
+}
+
+/* ---- one engine packet descriptor (struct mre_pkt, metaroce/cengine/mre.h) ---- */
+
+/* The extension headers (MRE_H_*) opcode carries on the wire, in either mode
+ * (metaroce/wire/layout.py), and whether a payload may follow; -1: not an opcode built here. */
+static int desc_layout(uint8_t opcode, uint8_t *hdrs, int *payload)
+{
+    int mr;
+    if (opcode <= RC_FETCH_ADD)
+        mr = 0;
+    else if (opcode >= MR_OP && opcode <= (MR_OP | RC_FETCH_ADD))
+        mr = 1;
+    else
+        return -1;
+    uint8_t h = 0;
+    *payload = 1;
+    switch (opcode & ~MR_OP) {
+    case RC_SEND_FIRST:
+    case RC_SEND_MIDDLE:
+    case RC_SEND_LAST:
+    case RC_SEND_ONLY:
+    case RC_RDMA_READ_RESPONSE_MIDDLE:
+        break;
+    case RC_SEND_LAST_IMM:
+    case RC_SEND_ONLY_IMM:
+        h = MRE_H_IMM;
+        break;
+    case RC_RDMA_WRITE_FIRST:
+    case RC_RDMA_WRITE_ONLY:
+        h = MRE_H_RETH;
+        break;
+    case RC_RDMA_WRITE_MIDDLE:
+    case RC_RDMA_WRITE_LAST:
+        h = mr ? MRE_H_RETH : 0;                  /* MetaRoCE: the RETH on every WRITE packet */
+        break;
+    case RC_RDMA_WRITE_LAST_IMM:
+        h = mr ? MRE_H_RETH | MRE_H_IMM : MRE_H_IMM;
+        break;
+    case RC_RDMA_WRITE_ONLY_IMM:
+        h = MRE_H_RETH | MRE_H_IMM;
+        break;
+    case RC_RDMA_READ_REQUEST:
+        h = MRE_H_RETH;
+        *payload = 0;
+        break;
+    case RC_RDMA_READ_RESPONSE_FIRST:
+    case RC_RDMA_READ_RESPONSE_LAST:
+    case RC_RDMA_READ_RESPONSE_ONLY:
+        h = mr ? 0 : MRE_H_AETH;                  /* MetaRoCE: the PETH echoes the SSN instead */
+        break;
+    case RC_ACKNOWLEDGE:
+        if (mr)
+            return -1;                            /* 0xD1 is MR_SACK (SACKETH): not built here */
+        h = MRE_H_AETH;
+        *payload = 0;
+        break;
+    case RC_COMPARE_SWAP:
+    case RC_FETCH_ADD:
+        h = MRE_H_ATOMIC;
+        *payload = 0;
+        break;
+    default:
+        return -1;                                /* ATOMIC ACKNOWLEDGE, reserved opcodes */
+    }
+    *hdrs = h | (mr ? MRE_H_PETH : 0);
+    return mr;
+}
+
+static int is_read_response(uint8_t opcode)
+{
+    uint8_t op = opcode & ~MR_OP;
+    return op >= RC_RDMA_READ_RESPONSE_FIRST && op <= RC_RDMA_READ_RESPONSE_ONLY;
+}
+
+uint32_t mr_build_pkt(uint8_t *out, uint32_t cap, struct mr_roce_flow *f, const struct mre_pkt *p)
+{
+    uint8_t want, has = p->has, ext[MAX_EXT];
+    int payload;
+    int mr = desc_layout(p->opcode, &want, &payload);
+    if (mr < 0)
+        return 0;
+    /* the engine names an AETH (syndrome, MSN) on MetaRoCE READ responses too (the simulator
+     * reads it); their wire form has none (spec 5.1), so it is left out */
+    if (mr && is_read_response(p->opcode))
+        has &= (uint8_t)~MRE_H_AETH;
+    if (has != want || (p->len && (!payload || !p->data)))
+        return 0;                                 /* headers the opcode does not carry / lacks */
+    uint32_t e = 0;
+    if (has & MRE_H_PETH) {
+        uint8_t fl = (p->flags & MRE_PF_RETX ? PETH_RETX : 0) |
+                     (p->flags & (MRE_PF_ACK_REQ | MRE_PF_RETX) ? PETH_ACK_NOW : 0);
+        e += peth(ext, p->path, fl, p->ssn, p->rsn, p->offset, p->ts);
+    }
+    if (has & MRE_H_RETH) {
+        put64(ext + e, p->reth_va);
+        put32(ext + e + 8, p->reth_rkey);
+        put32(ext + e + 12, p->reth_len);
+        e += RETH_LEN;
+    }
+    if (has & MRE_H_ATOMIC) {
+        put64(ext + e, p->atomic_va);
+        put32(ext + e + 8, p->atomic_rkey);
+        put64(ext + e + 12, p->swap_add);
+        put64(ext + e + 20, p->compare);
+        e += ATOMICETH_LEN;
+    }
+    if (has & MRE_H_AETH) {
+        put32(ext + e, (p->syndrome & 0xffu) << 24 | (p->msn & 0xffffff));
+        e += AETH_LEN;
+    }
+    if (has & MRE_H_IMM) {
+        put32(ext + e, p->imm);
+        e += 4;
+    }
+    uint64_t total = frame_len(f, e, p->len), l4 = l4_len(e, p->len);
+    if (total > cap || l4 > 0xffff - (f->ipv6 ? 0 : 20))   /* IPv4 total / UDP length: 16 bits */
+        return 0;
+    uint8_t op = p->opcode & ~MR_OP;
+    int send_last = op >= RC_SEND_LAST && op <= RC_SEND_ONLY_IMM;
+    struct bth_fields b = {.sport = p->sport, .opcode = p->opcode,
+                           .ackreq = (p->flags & MRE_PF_ACK_REQ) != 0,
+                           .solicited = send_last && (p->se & 1),
+                           .dqpn = p->dest_qp, .psn = p->psn};
+    uint32_t n = build_frame(out, f, &b, ext, e, p->data, p->len);
+    f->path_pkts[p->path & 7]++;
+    return n;
+}
+
+uint32_t mr_send_pkts(struct mr_xsk *x, struct mr_roce_flow *const *flows, const struct mre_pkt *p,
+                      uint32_t n, uint32_t *bad)
+{
+    uint32_t room = mr_xsk_tx_room(x), done = 0, queued = 0, nbad = 0;
+    while (done < n && room) {
+        uint32_t cap;
+        uint8_t *frame = mr_xsk_tx_frame(x, &cap);  /* the same frame again if not committed */
+        uint32_t flen = flows[done] ? mr_build_pkt(frame, cap, flows[done], &p[done]) : 0;
+        done++;
+        if (!flen) {
+            nbad++;
+            continue;
+        }
+        mr_xsk_tx_commit(x, flen);
+        queued++;
+        room--;
+    }
+    if (queued)
+        mr_xsk_kick(x);
+    if (bad)
+        *bad += nbad;
+    return done;
 }

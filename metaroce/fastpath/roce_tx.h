@@ -3,11 +3,15 @@
  * the last request packet and every ACKREQ_EVERY packets), or build one READ request or atomic
  * request, with IP/UDP checksums and the ICRC, written straight into an AF_XDP socket's UMEM
  * and queued in batches. In MetaRoCE mode the same messages use the 0xC0 | opcode forms with a
- * PETH on every packet and the RETH on every WRITE packet (spec 5.1, PLACE-2). */
+ * PETH on every packet and the RETH on every WRITE packet (spec 5.1, PLACE-2). The transport
+ * engine's packet descriptors (struct mre_pkt, metaroce/cengine/mre.h) become frames the same
+ * way (mr_build_pkt, mr_send_pkts). */
 #ifndef METAROCE_ROCE_TX_H
 #define METAROCE_ROCE_TX_H
 
 #include <stdint.h>
+
+#include "mre.h"
 
 struct mr_xsk;
 
@@ -92,6 +96,36 @@ uint32_t mr_send_write(struct mr_xsk *x, struct mr_roce_flow *f, const uint8_t *
 uint32_t mr_roce_build_write(uint8_t *out, uint32_t cap, struct mr_roce_flow *f,
                              const uint8_t *data, uint64_t len, uint32_t pmtu, uint32_t psn0,
                              uint64_t va, uint32_t rkey, uint64_t idx);
+
+/* Build the frame of one engine packet descriptor into out (cap bytes): Ethernet, IPv4 or IPv6
+ * (from the flow), UDP (source port p->sport, destination 4791), BTH, the extension headers the
+ * descriptor names (p->has), the payload (p->data, p->len bytes), pad, ICRC. Returns the frame's
+ * length, 0 if it does not fit in cap or the descriptor is malformed. f->sport/npaths/sports
+ * are NOT used: the descriptor says the port. f->path_pkts[p->path & 7] is incremented.
+ *
+ * All descriptor fields are host order. BTH: opcode p->opcode (MetaRoCE opcodes include 0xC0),
+ * AckReq = p->flags & MRE_PF_ACK_REQ, P_Key f->pkey, DestQP p->dest_qp (not f->dqpn), PSN
+ * p->psn, TVer 0; SE on a SEND LAST/ONLY (with or without immediate, either mode) when bit 0 of
+ * p->se is set: the message's SE (solicited event), set by the engine / the wire adapter.
+ * Extension headers in wire order: PETH (MRE_H_PETH: p->path, flags RETX if MRE_PF_RETX and
+ * ACK_NOW if MRE_PF_ACK_REQ or MRE_PF_RETX, p->ssn, p->rsn, p->offset, p->ts: the engine's
+ * clock), RETH (MRE_H_RETH: p->reth_va, reth_rkey, reth_len), AtomicETH (MRE_H_ATOMIC:
+ * p->atomic_va, atomic_rkey, swap_add, compare), AETH (MRE_H_AETH: p->syndrome, p->msn), ImmDt
+ * (MRE_H_IMM: p->imm). p->has must name exactly the headers the opcode carries on the wire
+ * (metaroce/wire/layout.py), with one exception: the AETH the engine names on MetaRoCE READ
+ * responses is left out (their wire form has none). Malformed: an opcode not built here
+ * (SACK, CREDIT, ATOMIC ACKNOWLEDGE, probes, CNP, ...), other headers than the opcode's, a
+ * payload on a header-only opcode, p->data NULL with p->len > 0. READ responses carry no RETH
+ * (reth_va/reth_rkey name their source memory; the engine does not set MRE_H_RETH on them). */
+uint32_t mr_build_pkt(uint8_t *out, uint32_t cap, struct mr_roce_flow *f, const struct mre_pkt *p);
+
+/* Build and queue n descriptors on the AF_XDP socket (as many as its rings take now), each
+ * with flow flows[i]; kick once if any was queued. Returns how many were queued (they are the
+ * first ones; the caller keeps the rest). A descriptor that cannot be built (malformed, too big,
+ * flows[i] NULL) is skipped and counted in *bad (added to it; bad may be NULL); it is consumed:
+ * counted in the return value too. */
+uint32_t mr_send_pkts(struct mr_xsk *x, struct mr_roce_flow *const *flows, const struct mre_pkt *p,
+                      uint32_t n, uint32_t *bad);
 
 /* The RoCEv2 ICRC of a complete frame (Ethernet header first, ICRC field last). */
 uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len);
