@@ -94,8 +94,9 @@ import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'
 fi
 # the user-space fast path's C helpers (cffi, API mode), rebuilt when their sources change
 fp=$ROOT/metaroce/fastpath
-# (the verbs queues' layout, bpf/nic/nic_vq.h, is compiled into them too)
-if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" "$ROOT/bpf/nic/nic_vq.h" \( -name '*.c' -o -name '*.h' \) ! -name '_xsk.c' -newer "$(ls "$fp"/_xsk.*.so | head -n1)")" ]; then
+# (the verbs queues' layout and the NIC's structs, bpf/nic, are compiled into them too, and so
+# are the data path thread, metaroce/datapath, and the transport engine it runs)
+if ! ls "$fp"/_xsk.*.so >/dev/null 2>&1 || [ -n "$(find "$fp" "$ROOT/bpf/nic" "$ROOT/metaroce/datapath" "$ROOT/metaroce/cengine" \( -name '*.c' -o -name '*.h' -o -name build.py \) ! -name '_xsk.c' ! -name '_mre.c' -newer "$(ls "$fp"/_xsk.*.so | head -n1)")" ]; then
     say "building the fast-path C helpers (cffi)"
     "$VENV/bin/python" -m metaroce.fastpath.build >&2
 fi

@@ -36,10 +36,7 @@ from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, Device
 from .endpoints import Endpoints
-from .looptime import LoopTimer
-from .pollbound import PollBound
 from .rx import RxPath
-from .vrings import drain_eventfd
 
 
 
@@ -98,12 +95,9 @@ def _in_netns_of(dev: DeviceId, fn, *args):
     return out[0] if out else None
 
 
-# While the daemon busy-polls (metaroce/nic/pollbound.py says how long after its last work), a
-# C spin checks the rings and the NIC's event ring for at most SPIN_SLICE_S, then the control
-# sockets and doorbells are looked at; while it has work, they are looked at every
-# SELECT_EVERY_S
-SPIN_SLICE_S = 50e-6
-SELECT_EVERY_S = 200e-6
+# The control plane's loop wakes for requests, the data path's async events and the credit
+# tick; otherwise at least this often (the daemon's own endpoints' completions are taken then)
+IDLE_WAKE_S = 0.1
 
 
 def parse_request(line: bytes) -> tuple[dict, str | None]:
@@ -125,7 +119,6 @@ class Daemon:
             raise MetaroceError("--mode must be roce or metaroce")
         if credits is not None:
             credits.validate()          # before anything is attached
-        self.poll_bound = PollBound()            # busy-poll after work, then sleep
         self.dev, self.mode = dev, mode
         self.rx = self.link_fd = self.device = self.sock = None
         self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
@@ -173,9 +166,6 @@ class Daemon:
         self.raw_qps: dict[int, object] = {}     # QPN armed by set_qp -> the connection
         self.conns: set[Connection] = set()
         self.cut_off = 0                         # connections cut off for not reading
-        self._bells: set[int] = set()            # doorbell eventfds in the selector
-        self.loop_stats = {"sleeps": 0, "wakeups_by_doorbell": 0, "spins": 0}
-        self.timer = LoopTimer(("wait", "rings", "events", "transmit", "deliver"))
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
@@ -185,14 +175,13 @@ class Daemon:
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
                 "port": self.rx.port_counters(),
                 "destroyed_qp_counters": dict(self.device.destroyed_qp_counters),
-                "tx": self.device.xsk.stats(),
+                "tx": self.device.dp.xsk_stats(),
                 "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
                             if self.device.credits else {"enabled": False}),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
-                "loop": {**self.loop_stats, **self.poll_bound.describe(),
-                         "timing": self.timer.describe()},
-                "cqs": [c.describe() for c in self.device.cqs.values()
+                "loop": self.device.dp.stats(),
+                "cqs": [self.device.cq_describe(c) for c in self.device.cqs.values()
                         if c.owner is not self.persistent],
                 "qps": [self.device.qp_stats(q) for q in self.device.qps.values()]}
 
@@ -249,9 +238,6 @@ class Daemon:
             if not shared:
                 return d.qp_attrs(qp), []
             bell = d.doorbell(conn)
-            if bell not in self._bells:
-                self._bells.add(bell)
-                self._sel.register(bell, selectors.EVENT_READ, "doorbell")
             return {**d.qp_attrs(qp), "rings": qp.rings.describe()}, [*qp.rings.fds, bell]
         if op == "connect_qp":
             qp = d.own_qp(conn, int(req["qpn"]))
@@ -361,10 +347,6 @@ class Daemon:
                   f"reclaimed", file=sys.stderr, flush=True)
         self._sel.unregister(conn)
         self.conns.discard(conn)
-        bell = self.device.doorbells.get(conn)
-        if bell is not None:
-            self._sel.unregister(bell)
-            self._bells.discard(bell)
         self.device.release(conn)
         for qpn in [q for q, c in self.raw_qps.items() if c is conn]:
             self.rx.del_qp(qpn)       # raw QPs go with their connection
@@ -372,14 +354,12 @@ class Daemon:
         conn.close()
 
     def _deliver(self) -> None:
-        """Completions and async events to their owners (the daemon's own endpoints keep
-        theirs)."""
+        """Async events to their owners (CQ overruns and the QPs they failed), and the daemon's
+        own endpoints' completions (kept for `metaroce qp show`)."""
         dev = self.device
-        events = dev.take_async_events()
-        dev.settle_rings()
         for cq, wcs in dev.take_wcs():          # only the daemon's own CQs are ring-less
             self.persistent.completed(cq, wcs)
-        for owner, ev in events:
+        for owner, ev in dev.take_async_events():
             if owner is self.persistent:
                 continue                # its CQs are consumed at once: they never overrun
             if ev["type"] == "CQ_ERR":
@@ -389,6 +369,8 @@ class Daemon:
             self._send(owner, {"event": "async", **ev})
 
     def serve_forever(self) -> None:
+        """The control plane's loop: requests, async events, the credit tick. The data path
+        (posting, events, retransmission, completions) runs in its own thread meanwhile."""
         # a crash in C code leaves a Python traceback in the log too, and a daemon that does
         # not stop when asked leaves its threads' stacks there before it is killed (`stop`)
         faulthandler.enable()
@@ -398,86 +380,29 @@ class Daemon:
         sel = self._sel = selectors.DefaultSelector()
         self.sock.setblocking(False)         # nothing in the loop may block
         sel.register(self.sock, selectors.EVENT_READ, "listen")
-        sel.register(self.device.c.mr_evring_fd(self.device.ring), selectors.EVENT_READ, "ring")
+        sel.register(self.device.dp.async_fd, selectors.EVENT_READ, "async")
         dev = self.device
-        busy = 0
-        last_work = last_select = time.monotonic()
-        timer = self.timer
-        bound = self.poll_bound
         try:
             while not self._stop:
-                timer.start()
-                slept = False
                 now = time.monotonic()
-                look = True                     # at the sockets and doorbells this round
-                if busy:
-                    timeout = 0
-                    look = now - last_select >= SELECT_EVERY_S
-                elif now - last_work < bound.s:
-                    # busy-poll the rings and the NIC's event ring, without a system call; the
-                    # sockets are looked at between slices
-                    dl = dev.next_deadline()
-                    until = min(last_work + bound.s, now + SPIN_SLICE_S,
-                                dl if dl is not None else now + SPIN_SLICE_S)
-                    self.loop_stats["spins"] += 1
-                    found = dev.rings.spin(int(until * 1e9), dev.ring)
-                    if not found and (dl is None or time.monotonic() < dl):
-                        last_select = time.monotonic()
-                        if not self._select(0):
-                            continue            # nothing at all: spin on
-                        look = False
-                    else:
-                        look = now - last_select >= SELECT_EVERY_S
-                    timeout = 0
-                elif dev.rings.sleep():
-                    # need_wakeup is set on every ring: an application that posts now rings
-                    # its doorbell, which ends this select
-                    slept = True
-                    self.loop_stats["sleeps"] += 1
-                    dl = dev.next_deadline()
-                    timeout = 0.5 if dl is None else min(0.5, max(0.0, dl - now))
-                else:
-                    timeout = 0                 # work arrived while we said we would sleep
-                if look:
-                    last_select = now
-                    self._select(timeout)
-                if slept:
-                    dev.rings.wake()
-                    slept_s = time.monotonic() - now
-                timer.mark("wait")
-                work = dev.drain_rings()
-                timer.mark("rings")
-                work += max(0, dev.on_events())
-                timer.mark("events")
+                dl = dev.next_deadline()
+                timeout = IDLE_WAKE_S if dl is None else min(IDLE_WAKE_S, max(0.0, dl - now))
+                self._select(timeout)
                 dev.tick(time.monotonic())
-                busy = dev.transmit()
-                timer.mark("transmit")
-                work += max(0, dev.on_events())
-                work += len(dev.dirty_cqs)
                 self._deliver()
-                timer.mark("deliver")
-                if slept:
-                    bound.after_sleep(slept_s, bool(work))
-                if work or busy:
-                    last_work = time.monotonic()
-                    timer.keep()
         finally:
             self.close()
 
     def _select(self, timeout: float) -> int:
-        """Accept, read and write the control sockets and drain the doorbells that are ready
-        (waiting up to timeout); returns how many were."""
+        """Accept, read and write the control sockets that are ready (waiting up to timeout);
+        returns how many were."""
         ready = self._sel.select(timeout=timeout)
         for key, mask in ready:
             if key.data == "listen":
                 self._accept()
                 continue
-            if key.data == "ring":
-                continue
-            if key.data == "doorbell":
-                drain_eventfd(key.fd)
-                self.loop_stats["wakeups_by_doorbell"] += 1
-                continue
+            if key.data == "async":
+                continue                     # taken by _deliver
             conn = key.data
             if mask & selectors.EVENT_WRITE and not conn.closed:
                 self._send_queued(conn)

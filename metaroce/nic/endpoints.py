@@ -71,7 +71,6 @@ class Endpoints:
             if ep.cq == cq.handle:
                 ep.wcs.extend(wcs)
                 ep.completed += len(wcs)
-        cq.set_consumer_index(cq.produced)
 
     def describe(self, dev) -> list[dict]:
         out = []

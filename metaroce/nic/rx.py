@@ -139,12 +139,15 @@ class RxPath:
         self._qps = self.bpf[b"qps"]
         self._qps_fd = self._qps.map_fd
         sq = self.bpf[b"sq_psns"]
+        self.max_qps = max_qps
+        self.sq_psns_fd = sq.map_fd
         self._sq_mm = mmap.mmap(sq.map_fd, -(-8 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._sq_slots: dict[int, int] = {}          # QPN -> its entry in sq_psns
         self._sq_free = list(range(max_qps - 1, -1, -1))
         self._rqs_fd = self.bpf[b"rqs"].map_fd
         self.rqs: dict[int, RecvRing] = {}
-        self._rd_fd = self.bpf[b"rd_slots"].map_fd
+        self._rd_fd = self.rd_slots_fd = self.bpf[b"rd_slots"].map_fd
+        self.qps_fd = self._qps_fd
         self._atomic_fd = self.bpf[b"atomic_results"].map_fd
         self.events_fd = self.bpf[b"events"].map_fd
         self._credit_fd = self.bpf[b"credit"].map_fd
@@ -213,6 +216,10 @@ class RxPath:
             leaf.sq_slot, leaf.sq_open = self._sq_slots[qpn], 1
             self.set_sq_psn(qpn, sq_psn)
         self._qps[self._qps.Key(qpn)] = leaf
+
+    def sq_slot(self, qpn: int) -> int:
+        """The QP's entry in sq_psns (its next PSN), set by set_qp with sq_psn."""
+        return self._sq_slots[qpn]
 
     def set_qp_error(self, qpn: int) -> None:
         """The responder side of the QP to ERR, as after a fatal NAK: every request is dropped

@@ -1,0 +1,59 @@
+"""One QP's statistics as the daemon reports them (`metaroce qp show`, `metaroce stats`, the
+exporter, the tests): the kernel's counters (its XDP program's per-QP state) and the data path's
+(the engine's requester and READ responder, the adapter's transmit counts), under the names the
+daemon has always used. Reads both, changes nothing."""
+
+from __future__ import annotations
+
+from .rx import CREDIT_VALID, QP_COUNTERS
+
+PSN_MASK = 0xFFFFFF
+
+
+def qp_stats(dev, qp) -> dict:
+    try:
+        st = dev.rx.qp_state(qp.qpn) if qp.state != "INIT" else {}
+    except KeyError:                         # never connected: nothing in the kernel
+        st = {}
+    info = dev.dp.qp_info(qp.qpn)
+    out = {"qpn": qp.qpn, "state": qp.state, "mode": dev.qp_mode(qp), "remote": qp.remote}
+    out.update({k: st.get(k, 0) for k in QP_COUNTERS})
+    if info is None:
+        return out
+    e = info.e
+    if info.err and qp.state != "ERR":
+        qp.state = out["state"] = "ERR"
+    connected = bool(info.connected)
+    out["sq_outstanding"] = int(info.sq_taken) + int(info.unfetched)
+    out["window_pkts"] = (e.nxt - e.una) & PSN_MASK if connected else 0
+    out.update({
+        "sent_packets": int(info.sent_packets), "sent_bytes": int(info.sent_bytes),
+        "retransmitted_packets": int(e.retx), "local_ack_timeout_err": int(e.ack_timeouts),
+        "rto_expired": int(e.timeouts), "rnr_nak_retry": int(e.rnr),
+        "packet_seq_err_handled": int(e.seq_errs), "sacks_handled": int(e.sacks),
+        "selective_retransmits": int(e.retx) if qp.metaroce else 0,
+        "partial_rereads": int(e.rereads), "read_response_packets": int(e.read_responses),
+        "read_go_backs": int(e.read_go_backs), "read_requests_pending": int(e.read_pending),
+        "cnp_received": int(e.cnp), "credit_grants": int(e.credit_grants),
+        "credit_blocked": int(e.credit_blocked), "lost_packets": int(e.lost),
+        "rtt_samples": int(e.rtt_samples), "bad_wqes": int(info.bad_wqes),
+        "wqes_taken": int(info.wqes), "recv_completions": int(info.recv_completions),
+        "blocked": ("none", "window", "cwnd", "credit", "pace", "txq", "order")[e.blocked]
+        if e.blocked < 7 else str(e.blocked)})
+    if e.srtt >= 0:
+        out["srtt_us"] = round(e.srtt / 1e3, 1)
+        out["rttvar_us"] = round(e.rttvar / 1e3, 1)
+    out["rto_us"] = round(e.timeout_ns / 1e3, 1) if connected and e.timeout_ns >= 0 else None
+    out["rto_min_us"] = round(e.rto_min / 1e3, 1) if connected else None
+    out["cwnd_pkts"] = (round(e.cwnd / qp.pmtu, 1) if e.cwnd >= 0 else
+                        (127 if qp.metaroce else 1024))
+    out["credit_limit_psn"] = int(e.credit_limit) if e.credit_on and e.credit_active else None
+    kc = int(st.get("credit", 0))            # what the kernel took from the last SACK
+    out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None
+    out["credit_share_pkts"] = dev.credits.share_of(qp.qpn) if dev.credits else 0
+    out["paths"] = int(e.paths) if connected else 1
+    out["path_evictions"] = int(e.path_evictions)
+    if qp.metaroce and connected and e.paths > 1:          # MP-4: per-path statistics
+        out["path_stats"] = [p for p in (dev.dp.path_info(qp.qpn, k) for k in range(e.paths))
+                             if p is not None]
+    return out
