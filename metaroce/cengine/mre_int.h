@@ -95,6 +95,10 @@ struct requester {
     uint64_t tx, retx, timeouts, rnr, rtt_samples, lost, lost_a, lost_b, cnp, probes, tx_bytes;
     uint64_t credit_grants, credit_blocked;
     uint64_t ack_timeouts, seq_errs, sacks, rereads;
+    /* a fatal NAK that waits for the responses of READs/atomics before the failing WQE */
+    uint8_t fatal_wait, fatal_status;
+    uint32_t fatal_wqe;
+    int64_t fatal_until;
 };
 
 /* ---- responder ---- */

@@ -356,6 +356,37 @@ static void fail(struct mre_engine *e, struct qp *q, uint32_t wabs, uint8_t stat
     eng_qp_error(e, q);
 }
 
+/* A READ or atomic before WQE wabs still waits for its response. */
+static int responses_due(struct qp *q, uint32_t wabs)
+{
+    struct requester *r = &q->req;
+    for (uint32_t c = r->sq_head; c != wabs && c != r->sq_infl; c++) {
+        const struct wqe *w = sqw(r, c);
+        if (w->needs_response && w->nacked < w->npkts)
+            return 1;
+    }
+    return 0;
+}
+
+/* A fatal NAK (RESP-5). The responder executed every request before the failing one
+ * (RESP-10), but on the wire its READ responses come from its daemon and may leave after its
+ * kernel sent the NAK: those complete first and only the failing WQE and later ones fail
+ * (ERR-1). Nothing is sent meanwhile; one timeout (1 s if infinite) bounds the wait. */
+static void fail_nak(struct mre_engine *e, struct qp *q, uint32_t wabs, uint8_t status,
+                     int64_t now)
+{
+    struct requester *r = &q->req;
+    if (wabs != NONE32 && wabs - r->sq_head < r->sq_infl - r->sq_head && responses_due(q, wabs)) {
+        int64_t t = req_timeout_ns(q);
+        r->fatal_wait = 1;
+        r->fatal_wqe = wabs;
+        r->fatal_status = status;
+        r->fatal_until = now + (t > 0 ? t : 1000000000);
+        return;
+    }
+    fail(e, q, wabs, status);
+}
+
 static void retire(struct mre_engine *e, struct qp *q)
 {
     struct requester *r = &q->req;
@@ -727,7 +758,7 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
 {
     struct requester *r = &q->req;
     r->blocked = MRE_BLK_NONE;
-    if (r->rnr_until >= 0 || !r->started)
+    if (r->rnr_until >= 0 || !r->started || r->fatal_wait)
         return;
     while (r->rtxq_head != r->rtxq_tail) {
         uint32_t psn = r->rtxq[r->rtxq_head & r->rtxq_mask];
@@ -965,7 +996,7 @@ static int on_ack(struct mre_engine *e, struct qp *q, const struct mre_event *ev
             go_back(q, psn);
         }
         else
-            fail(e, q, wqe_of(q, psn), nak_status(val));
+            fail_nak(e, q, wqe_of(q, psn), nak_status(val), now);
     }
     return progress;
 }
@@ -985,9 +1016,11 @@ static int on_sack(struct mre_engine *e, struct qp *q, const struct mre_event *e
     struct requester *r = &q->req;
     uint32_t typ = ev->syndrome & 0x60, val = ev->syndrome & 0x1F, cum = ev->psn & PSN_MASK;
     if (typ == 0x60) {
+        uint32_t prev = psn_add(cum, -1);
+        int progress = in_window(q, prev) ? ack_through(q, prev) : 0;
         if (in_window(q, cum))
-            fail(e, q, wqe_of(q, cum), nak_status(val));
-        return 0;
+            fail_nak(e, q, wqe_of(q, cum), nak_status(val), now);
+        return progress;
     }
     uint32_t *newly = r->scratch, n = 0;
     r->sacks++;
@@ -1255,6 +1288,12 @@ void req_event(struct mre_engine *e, struct qp *q, const struct mre_event *ev, i
     }
     if (q->state == MRE_ERR)
         return;
+    if (r->fatal_wait) {
+        retire(e, q);
+        if (!responses_due(q, r->fatal_wqe))
+            fail(e, q, r->fatal_wqe, r->fatal_status);
+        return;
+    }
     if (progress) {
         r->retries = 0;
         r->rnr_retries = 0;                /* RESP-6: rnr_retry counts NAKs of the same PSN */
@@ -1310,6 +1349,8 @@ int64_t req_deadline(const struct mre_engine *e, struct qp *q)
     struct requester *r = &q->req;
     if (!r->started)
         return -1;
+    if (r->fatal_wait)
+        return r->fatal_until;
     int64_t d = -1;
     if (r->rnr_until >= 0)
         d = r->rnr_until;
@@ -1351,6 +1392,11 @@ void req_on_timer(struct mre_engine *e, struct qp *q, int64_t now)
     struct requester *r = &q->req;
     if (!r->started)
         return;
+    if (r->fatal_wait) {
+        if (now >= r->fatal_until)          /* they never came: flushed with the rest */
+            fail(e, q, r->fatal_wqe, r->fatal_status);
+        return;
+    }
     if (r->rnr_until >= 0) {
         if (now < r->rnr_until)
             return;

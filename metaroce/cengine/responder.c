@@ -874,7 +874,8 @@ void resp_flush(struct mre_engine *e, struct qp *q)
         struct recv_wqe *r = &s->rq[s->rq_head++ & s->rq_mask];
         eng_cqe(e, q, r->wr_id, MRE_WC_WR_FLUSH_ERR, MRE_WC_RECV, 0, 0, 0);
     }
-    s->rd_head = s->rd_tail = 0;
+    /* READ responses already queued stay: their requests were executed before the error
+     * (RESP-10), and their requester completes them before it takes the fatal NAK (ERR-1) */
 }
 
 /* ---- the wire: receive completions in order (PLACE-5) ---------------------------------------- */

@@ -263,8 +263,9 @@ static void *dp_main(void *arg)
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
-struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err)
+struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err, const char **stage)
 {
+    *stage = "memory";
     struct mr_dp *d = calloc(1, sizeof(*d));
     int rc = ENOMEM;
     if (!d) {
@@ -313,11 +314,13 @@ struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err)
     d->xsk = mr_xsk_open(cfg->ifindex, cfg->queue, cfg->xsk_frames, cfg->xsk_frame_size,
                          cfg->xsk_ring, cfg->xsk_bind_flags, cfg->xsk_budget, &e2);
     if (!d->xsk) {
+        *stage = "its AF_XDP socket (queue bind)";
         rc = e2;
         goto fail;
     }
     d->ev = mr_evring_open(cfg->events_fd, &e2);
     if (!d->ev) {
+        *stage = "the NIC's event ring";
         rc = e2;
         goto fail;
     }
@@ -326,6 +329,7 @@ struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err)
     d->sq_psns = mmap(NULL, d->sq_psns_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                       cfg->sq_psns_fd, 0);
     if (d->sq_psns == MAP_FAILED) {
+        *stage = "the send PSN map";
         d->sq_psns = NULL;
         rc = errno;
         goto fail;
@@ -334,6 +338,7 @@ struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err)
     d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (d->epfd < 0 || d->wake_fd < 0 || d->async_fd < 0) {
+        *stage = "epoll";
         rc = errno;
         goto fail;
     }

@@ -142,7 +142,8 @@ struct mr_dp_stats {
 };
 
 /* ---- lifetime ---- */
-struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err);
+/* NULL on failure: *err the errno, *stage what failed */
+struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err, const char **stage);
 int mr_dp_start(struct mr_dp *d);              /* the thread; 0 or -errno */
 void mr_dp_free(struct mr_dp *d);              /* stops the thread, frees everything */
 

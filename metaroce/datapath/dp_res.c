@@ -465,6 +465,14 @@ int mr_dp_qp_del(struct mr_dp *d, uint32_t qpn)
         dp_unlock(d);
         return MR_DP_E_NOENT;
     }
+    /* destroyed: its outstanding work and posted receives are flushed into its CQs first
+     * (the QP goes to ERR on its way out, as on a verbs device) */
+    if (q->eh != DP_NONE) {
+        mre_qp_to_error(d->e, q->eh);
+        dp_deliver(d);
+    }
+    dp_qp_to_err(d, q, NULL);
+    dp_publish(d);
     if (q->eh != DP_NONE) {
         mre_qp_free(d->e, q->eh);        /* nothing more is completed for it */
         d->by_eh[q->eh] = DP_NONE;

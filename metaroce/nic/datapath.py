@@ -78,9 +78,12 @@ class DataPath:
         self.min_rto_ns = int(cfg.min_rto_ns)
         self.frame_size = int(cfg.xsk_frame_size)
         err = self.ffi.new("int *")
-        self.d = self.c.mr_dp_new(cfg, err)
+        stage = self.ffi.new("const char **")
+        self.d = self.c.mr_dp_new(cfg, err, stage)
         if self.d == self.ffi.NULL:
-            raise MetaroceError(f"the data path of ifindex {ifindex}: {os.strerror(err[0])}")
+            what = self.ffi.string(stage[0]).decode()
+            raise MetaroceError(f"the data path of ifindex {ifindex}: {what}: "
+                                f"{os.strerror(err[0])}")
         self._async = self.ffi.new("struct mr_dp_async[64]")
         self._cqes = self.ffi.new("struct mr_cqe[256]")
 

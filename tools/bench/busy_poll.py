@@ -2,7 +2,7 @@
 """The daemon's busy-poll bound as a trade-off (issue 19): after its last work the daemon spins
 on the rings for this long before it sleeps on the doorbells. For each bound (fixed with
 METAROCE_BUSY_POLL_US for both daemons of a lab pair, or the daemon's own adaptive bound,
-metaroce/nic/pollbound.py), an application (post_poll_app.py) posts
+metaroce/datapath/dp.c), an application (post_poll_app.py) posts
 signalled 64-byte RDMA WRITEs one at a time, each completion awaited by spinning on CQ.poll,
 --gaps apart; measured: post -> completion p50/p99, the doorbells it had to ring (the daemon
 was asleep), and the CPU both daemons burned per post (from /proc/PID/schedstat, nanoseconds
