@@ -1077,7 +1077,7 @@ static int on_sack(struct mre_engine *e, struct qp *q, const struct mre_event *e
     uint32_t d = (uint32_t)((uint64_t)now - ev->ts_echo);        /* CC-2: RTT from the echo */
     int64_t rtt = d > 0x80000000u ? -1 : (int64_t)d;
     if (n) {
-        if (r->has_cc && rtt >= 0) {
+        if (rtt >= 0) {
             mre_rto_sample(&r->rto, rtt);            /* RTO-1: echoes identify the copy */
             r->rtt_samples++;
         } else {

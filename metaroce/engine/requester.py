@@ -567,7 +567,7 @@ class Requester:
         if rtt > 1 << 31:
             rtt = None
         if newly:
-            if self.cc is not None and rtt is not None:
+            if rtt is not None:
                 self.rto.sample(rtt)  # RTO-1: echoes identify the transmission (no Karn)
                 self.stats["rtt_samples"] += 1
             else:

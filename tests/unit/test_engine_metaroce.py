@@ -165,13 +165,17 @@ def test_rfc6298_estimator_and_backoff():
     assert RtoEstimator(1, min_ns=50).rto_ns == 50
 
 
-def test_karn_no_sample_from_retransmitted_packets():
+def test_an_echo_samples_the_retransmission_not_the_first_send():
+    """RTO-1: the timestamp echo names the copy that arrived, so a retransmitted PSN gives a
+    sample (Karn's rule is for the sender's own send times) and it is the retransmission's RTT,
+    not the time since the first transmission (which includes the timeout)."""
     drop = lambda p, i: i == 0
     a, b, mem, loop, pair = setup(ab=Impairment(drop=drop))
     pair.post_send(a, SendWR(1, WrOpcode.RDMA_WRITE, b"k", 0, 1, BASE, RKEY))
     loop.run()
     assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS]
-    assert a.req.stats["timeouts"] == 1 and a.req.rto.samples == 0
+    assert a.req.stats["timeouts"] == 1 and a.req.rto.samples == 1
+    assert a.req.rto.srtt < a.req.rto.max / 4              # the timeout is RTO_max here
 
 
 def test_rto_defaults_of_the_spec():
