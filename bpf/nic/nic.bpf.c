@@ -629,8 +629,14 @@ static __always_inline u32 on_ack(struct xdp_md *ctx, const struct roce_pkt *rp,
     u32 d = (psn - qp->una) & PSN_MASK;
     u32 type = syn >> 5;
     if (type == 0) {                            /* ACK: everything up to psn */
-        if (d >= PSN_HALF)
-            return RX_DUPLICATE;                /* older than what is acknowledged */
+        if (d >= PSN_HALF) {                    /* older than what is acknowledged */
+            /* the latest ACK repeated (a responder answering retransmitted duplicates):
+             * user space hears it, its requester may have gone back behind a READ whose
+             * responses were missing when the first copy came */
+            if (((qp->una - psn) & PSN_MASK) == 1)
+                event(EV_ACK, qpn, psn, syn, 0, 0, 0, 0, msn);
+            return RX_DUPLICATE;
+        }
         if (d >= outstanding)
             return RX_UNEXPECTED_RESPONSE;      /* beyond what was sent */
         qp->una = (psn + 1) & PSN_MASK;
