@@ -1206,8 +1206,10 @@ static int on_read_progress(struct mre_engine *e, struct qp *q, uint32_t psn, in
         return 0;
     uint32_t wabs = s->wqe, upto = gap ? s->idx : s->idx + 1;
     struct wqe *w = sqw(r, wabs);
-    if (!qp_metaroce(q) && upto > w->una_idx)
-        ack_through(q, psn_add(w->first_psn, -1));    /* RESP-10: what precedes is acked */
+    /* RESP-10: what precedes is acknowledged, in both modes — the kernel took it so (its
+     * una moved past it), so later SACKs of those PSNs say nothing new and raise no event */
+    if (upto > w->una_idx)
+        ack_through(q, psn_add(w->first_psn, -1));
     int progress = 0;
     for (uint32_t i = w->una_idx; i < upto; i++) {
         struct sb_ent *x = sb_lookup(q, wpsn(w, i));

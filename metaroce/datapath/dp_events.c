@@ -137,7 +137,8 @@ static void one(struct mr_dp *d, const struct mr_nic_event *k, int64_t now)
 }
 
 /* The kernel places a READ's responses without telling the engine until the READ ends, so at
- * a timer expiry the kernel is asked: responses that arrived in order since the last expiry are
+ * a timer expiry the kernel is asked: responses that arrived in order since the last expiry (in
+ * order, or before the point a reported gap waits at) are
  * progress (RESP-9: the local ACK timer covers the time to the next response, not to the last),
  * handed to the engine as READ progress up to the last one placed. */
 void dp_read_progress(struct mr_dp *d, struct dp_qp *q, int64_t now)
@@ -147,8 +148,18 @@ void dp_read_progress(struct mr_dp *d, struct dp_qp *q, int64_t now)
     struct nic_qp k;
     if (bpf_map_lookup_elem(d->cfg.qps_fd, &q->qpn, &k))
         return;
-    if (k.rd_state != 1 || k.rd_psn == q->rd_seen_psn)
+    if (!k.rd_state || k.rd_psn == q->rd_seen_psn)
         return;                        /* not inside a response, or nothing new */
+    if (k.rd_state == 2) {
+        /* after a gap the kernel waits for the responses at rd_psn: everything before it is
+         * placed (unless that is the READ's first PSN: nothing is), so the timer's
+         * re-request starts there, where the kernel takes it */
+        uint64_t key = (uint64_t)q->qpn << 32 | (k.rd_head & (RD_DEPTH - 1));
+        struct rd_slot sl;
+        if (bpf_map_lookup_elem(d->cfg.rd_slots_fd, &key, &sl) || sl.idx != k.rd_head ||
+            sl.first_psn == k.rd_psn)
+            return;
+    }
     q->rd_seen_psn = k.rd_psn;
     struct mre_event ev;
     memset(&ev, 0, sizeof(ev));

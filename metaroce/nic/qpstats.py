@@ -51,6 +51,10 @@ def qp_stats(dev, qp) -> dict:
     kc = int(st.get("credit", 0))            # what the kernel took from the last SACK
     out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None
     out["credit_share_pkts"] = dev.credits.share_of(qp.qpn) if dev.credits else 0
+    if st:                                   # the kernel's PSNs (as `rdma res show qp`)
+        out["kernel"] = {k: int(st[k]) for k in ("epsn", "una", "rd_head", "rd_state", "rd_psn",
+                                                 "sack_cum") if k in st}
+    out["engine_psns"] = {"una": int(e.una), "nxt": int(e.nxt)} if connected else None
     out["paths"] = int(e.paths) if connected else 1
     out["path_evictions"] = int(e.path_evictions)
     if qp.metaroce and connected and e.paths > 1:          # MP-4: per-path statistics
