@@ -756,6 +756,11 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
      * Linux rxe does, SEQ-4): after a reported gap that is taken at rd_psn too */
     int resume = first && qp->rd_state && psn == qp->rd_psn && psn != sl->first_psn;
     int cont = !first && (qp->rd_state == 1 || (qp->rd_state == 2 && psn == qp->rd_psn));
+    /* a stream from the READ's first PSN again (an older re-request answered late) while
+     * responses are placed: what is placed stays (the requester's engine counts it acknowledged
+     * and re-requests only after it); that stream is taken again where it reaches rd_psn */
+    if (first && !resume && qp->rd_state && qp->rd_psn != sl->first_psn && psn == sl->first_psn)
+        return RX_DUPLICATE;
     u32 expect = first && !resume ? sl->first_psn : qp->rd_psn;
     if (psn != expect || (!first && !cont)) {
         u32 npk = (sl->length + (qp->pmtu ? qp->pmtu : 1024) - 1) / (qp->pmtu ? qp->pmtu : 1024);
