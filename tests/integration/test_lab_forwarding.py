@@ -56,7 +56,9 @@ def test_unimpaired_ports_forward_in_xdp_and_nothing_floods(star):
     back = _flow(star, "h2", "h1", port=5000)
     assert res.unique == 400 and back.unique == 400
     assert _redirects(sw, "h1") - r1 >= 401 and _redirects(sw, "h2") - r2 >= 401
-    assert _rx(star, "h3") - h3 <= 4, "frames between h1 and h2 reached h3"
+    # 800 unicast frames went between h1 and h2; h3 may see the hosts' own broadcast and
+    # multicast meanwhile (ARP, IPv6 neighbour discovery and MLD: 5 were seen once), not a flood
+    assert _rx(star, "h3") - h3 <= 16, "frames between h1 and h2 reached h3"
 
 
 def _tcp_transfer(view, src, dst, family, nbytes=16 << 20) -> tuple[str, str]:
