@@ -197,9 +197,14 @@ int mre_take_tx(struct mre_engine *e, struct mre_pkt *out, int max, int64_t now)
                 e->rd_last = NONE32;
         }
     }
-    if (n == 0 && e->txq_blocked) {   /* room again: QPs that stopped on a full ring go on */
-        e->txq_blocked = 0;
-        for (uint32_t i = 0; i < e->nqps && eng_out_room(e); i++) {
+    if (n == 0 && e->txq_blocked) {   /* room again: QPs that stopped on a full ring go on, */
+        e->txq_blocked = 0;           /* round robin from where the last scan ran out of room */
+        for (uint32_t k = 0, i = e->txq_next % e->nqps; k < e->nqps; k++, i = (i + 1) % e->nqps) {
+            if (!eng_out_room(e)) {   /* the ring filled before the scan ended: the QPs not */
+                e->txq_blocked = MRE_BLK_TXQ;   /* reached yet wait for the next one (a QP */
+                e->txq_next = i;                /* that filled it exactly has not blocked) */
+                break;
+            }
             struct qp *q = &e->qps[i];
             if (q->used && q->req.blocked == MRE_BLK_TXQ && qp_can_send(q))
                 req_pump(e, q, now);

@@ -225,6 +225,7 @@ struct mre_engine {
     uint64_t cq_overruns;
     uint32_t rd_first, rd_last; /* QPs with READ responses to send, in order */
     uint8_t txq_blocked;       /* some QP stopped because the output ring was full */
+    uint32_t txq_next;         /* where the next resume scan starts (round robin) */
     struct mre_credit_mgr credit;
     uint8_t has_credit;
 };
