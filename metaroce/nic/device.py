@@ -459,6 +459,8 @@ class Device:
         return qp_stats(self, qp)
 
     def close(self) -> None:
+        """The daemon's stop, after its program was detached."""
+        self.rx.tear_down()
         for owner in {q.owner for q in self.qps.values()} | {c.owner for c in self.cqs.values()}:
             self.release(owner)
         for key in list(self.mrs):

@@ -140,6 +140,7 @@ class RxPath:
         self._qps_fd = self._qps.map_fd
         sq = self.bpf[b"sq_psns"]
         self.max_qps = max_qps
+        self._tearing_down = False
         self.sq_psns_fd = sq.map_fd
         self._sq_mm = mmap.mmap(sq.map_fd, -(-8 * max_qps // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._sq_slots: dict[int, int] = {}          # QPN -> its entry in sq_psns
@@ -155,12 +156,19 @@ class RxPath:
         self.mrs: dict[int, MemoryRegion] = {}
 
     def close(self) -> None:
+        self.tear_down()
         for mr in list(self.mrs.values()):
             self.dereg_mr(mr)
         for qpn in list(self.rqs):
             self.del_rq(qpn)
         self._sq_mm.close()
         self.bpf.cleanup()
+
+    def tear_down(self) -> None:
+        """The program is detached and its maps go with it: from now on releasing a receive
+        ring or an MR leaves the map-in-map entries in place (deleting one waits for an RCU
+        grace period, ~9 ms: 1,024 QPs took the daemon's stop past its 5 s)."""
+        self._tearing_down = True
 
     def create_rq(self, qpn: int, entries: int = RQ_DEPTH, max_wr: int | None = None) -> RecvRing:
         """The QP's receive queue ring (entries a power of two, at most RQ_DEPTH), in place for
@@ -180,7 +188,8 @@ class RxPath:
 
     def del_rq(self, qpn: int) -> None:
         """Take the ring away from the program first, then release it."""
-        libbpf.map_delete_raw(self._rqs_fd, struct.pack("=I", qpn), missing_ok=True)
+        if not self._tearing_down:
+            libbpf.map_delete_raw(self._rqs_fd, struct.pack("=I", qpn), missing_ok=True)
         ring = self.rqs.pop(qpn, None)
         if ring is not None:
             ring.close()
@@ -256,12 +265,15 @@ class RxPath:
 
     def del_qp(self, qpn: int) -> None:
         key = struct.pack("=I", qpn)
-        for fd in (self._qps_fd, self._credit_fd):
-            libbpf.map_delete_raw(fd, key, missing_ok=True)
+        if not self._tearing_down:
+            for fd in (self._qps_fd, self._credit_fd):
+                libbpf.map_delete_raw(fd, key, missing_ok=True)
         slot = self._sq_slots.pop(qpn, None)
         if slot is not None:                   # the QP's entry is gone: its slot is free
             self._sq_free.append(slot)
         self.del_rq(qpn)
+        if self._tearing_down:
+            return
         for fd, depth in ((self._rd_fd, RD_DEPTH), (self._atomic_fd, RD_DEPTH)):
             for slot in range(depth):          # slots never used were never created
                 libbpf.map_delete_raw(fd, struct.pack("=Q", qpn << 32 | slot), missing_ok=True)
@@ -305,8 +317,9 @@ class RxPath:
     def dereg_mr(self, mr: MemoryRegion) -> None:
         """Invalidate the rkey at once (the kernel stops placing), then release the memory."""
         key = struct.pack("=I", mr.rkey)
-        libbpf.map_delete_raw(self._mrs_fd, key)
-        libbpf.map_delete_raw(self._info_fd, key)
+        if not self._tearing_down:
+            libbpf.map_delete_raw(self._mrs_fd, key)
+            libbpf.map_delete_raw(self._info_fd, key)
         self.mrs.pop(mr.rkey, None)
         mr.buf.release()
         mr._mm.close()
