@@ -71,6 +71,7 @@ struct requester {
     uint32_t nxt, tx_ptr, high;
     uint32_t tx_wqe;           /* cached: the WQE tx_ptr is in */
     uint32_t last_desc;        /* output ring index of the latest packet sent */
+    int64_t ask_psn;           /* the latest PSN sent with AckReq (-1: none yet) */
     uint32_t ssn, rsn;
     int64_t timer_base;        /* -1: timer off */
     int64_t rnr_until;         /* -1: not waiting */

@@ -248,6 +248,7 @@ void req_start(struct mre_engine *e, struct qp *q)
     if (req_reserve(q, q->attr.window, 0) < 0)
         return;
     r->nxt = r->tx_ptr = r->high = q->attr.sq_psn;
+    r->ask_psn = -1;
     int64_t to = ack_timeout_ns(q), rto_max = to > 0 ? to : RTO_MAX_INFINITE_NS;
     mre_rto_init(&r->rto, rto_max, r->min_rto_ns, rto_max, RTO_G_NS);   /* RTO-1, RTO-4 */
     if (mre_paths_init(&r->paths, qp_metaroce(q) ? c->paths : 1, q->qpn, q->attr.dest_qpn,
@@ -685,6 +686,8 @@ static int req_send(struct mre_engine *e, struct qp *q, uint32_t wabs, uint32_t 
         s->path = (uint8_t)k;
     }
     r->last_desc = e->out_tail - 1;
+    if (p->flags & MRE_PF_ACK_REQ)
+        r->ask_psn = psn;
     r->tx_seq++;
     if (retx)
         r->retx++;
@@ -754,6 +757,15 @@ static int behind_a_read(struct qp *q, const struct wqe *nw)
     return 0;
 }
 
+/* RESP-1: a packet sent with AckReq that the cumulative PSN has not passed yet. Its answer
+ * reopens a closed window, so the edge need not ask as well: a full window whose every SACK
+ * opens one PSN would otherwise make every packet an ask and every ask a SACK. */
+static int ask_outstanding(const struct qp *q)
+{
+    const struct requester *r = &q->req;
+    return r->ask_psn >= 0 && psn_diff((uint32_t)r->ask_psn, req_una(q)) >= 0;
+}
+
 void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
 {
     struct requester *r = &q->req;
@@ -818,8 +830,12 @@ void req_pump(struct mre_engine *e, struct qp *q, int64_t now)
             r->high = r->tx_ptr;
     }
     if (sent && (r->blocked == MRE_BLK_WINDOW || r->blocked == MRE_BLK_CWND ||
-                 r->blocked == MRE_BLK_CREDIT) && r->last_desc - e->out_head <= e->out_mask)
-        e->out[r->last_desc & e->out_mask].flags |= MRE_PF_ACK_REQ;  /* the edge asks (RESP-1) */
+                 r->blocked == MRE_BLK_CREDIT) && r->last_desc - e->out_head <= e->out_mask &&
+        !ask_outstanding(q)) {           /* the edge asks (RESP-1) unless an ask is on its way */
+        struct mre_pkt *p = &e->out[r->last_desc & e->out_mask];
+        p->flags |= MRE_PF_ACK_REQ;
+        r->ask_psn = p->psn;
+    }
     if (r->has_credit) {
         if (r->blocked == MRE_BLK_CREDIT) {
             r->credit_blocked++;

@@ -115,6 +115,7 @@ class Requester:
 
     def start(self, sq_psn: int) -> None:
         self.nxt = self.tx_ptr = self.high = sq_psn
+        self.ask_psn: int | None = None  # the latest PSN sent with AckReq
         ack_to = self.qp.attr.local_ack_timeout_ns
         self.rto = RtoEstimator(ack_to or 1_000_000_000, min_ns=self.min_rto_ns,
                                 max_ns=ack_to or 1_000_000_000)  # RTO_max: RESP-8's timeout
@@ -148,6 +149,12 @@ class Requester:
             if w.una_idx < w.npkts:
                 return w.psn(w.una_idx)
         return self.nxt
+
+    def _ask_outstanding(self) -> bool:
+        """RESP-1: a packet sent with AckReq that the cumulative PSN has not passed: its answer
+        reopens a closed window, so the edge need not ask too (a full window whose every SACK
+        opens one PSN would otherwise make every packet an ask and every ask a SACK)."""
+        return self.ask_psn is not None and psnm.diff(self.ask_psn, self.una()) >= 0
 
     def _rd_atomic_outstanding(self) -> int:
         return sum(1 for w in self.inflight if w.needs_response and not w.done)
@@ -231,9 +238,10 @@ class Requester:
             self.tx_ptr = psnm.add(self.tx_ptr, span)
             if psnm.diff(self.tx_ptr, self.high) > 0:
                 self.high = self.tx_ptr
-        if sent and self.blocked in ("window", "cwnd", "credit"):
+        if sent and self.blocked in ("window", "cwnd", "credit") and not self._ask_outstanding():
             out = self.qp._out  # the edge's packet asks for an acknowledgement (RESP-1)
             out[-1] = replace(out[-1], ack_req=True)
+            self.ask_psn = out[-1].psn
         if self.credit is not None:
             if self.blocked == "credit":
                 if self.credit.blocked_since is None:
@@ -303,6 +311,8 @@ class Requester:
             w.sent_seq[i] = self.tx_seq
             w.path[i] = k
         self.tx_seq += 1
+        if pkt.ack_req:
+            self.ask_psn = psn
         self.stats["retx" if retx else "tx"] += 1
         size = self._pkt_bytes(w, idx)
         self.stats["tx_bytes"] += size

@@ -324,3 +324,30 @@ def test_the_packet_at_the_window_edge_asks_for_an_ack(QP, mode):
     assert a.req.stats["timeouts"] == 0
     first8 = [p for _, p in pair.links[id(a)].log][:8]
     assert [p.ack_req for p in first8] == [False] * 7 + [True]
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_a_full_window_asks_once_per_round_trip_not_per_packet(QP, mode):
+    """RESP-1: the edge of a closed window asks only when no earlier ask is unanswered. Fed
+    back packet by packet (each of the responder's acknowledgements reaches the requester before
+    its next packet leaves, as on the wire's synchronous path), a 512-packet WRITE through a
+    32-packet window asks on its every-16th packets, its last and the edges that had no ask
+    on the way: not on almost every packet (an acknowledgement that opened one PSN made the
+    next packet an edge and its ask the next acknowledgement)."""
+    a, b, mem = _connect(QP, mode)
+    for q in (a, b):
+        q.modify(QPState.RTS, window=32)
+    data = bytes(range(256)) * (2 * MTU)
+    a.post_send(SendWR(1, WrOpcode.RDMA_WRITE, data, 0, len(data), 0x1000, 7), 0)
+    now, sent, queue = 0, [], list(a.take_packets())
+    while queue and now < 10**8:
+        p = queue.pop(0)
+        sent.append(p)
+        now += 1000
+        b.receive(p, now)
+        for r in b.take_packets():
+            a.receive(r, now)
+        queue += a.take_packets()
+    assert [c.status for c in a.poll_cq()] == [WcStatus.SUCCESS] and mem[:len(data)] == data
+    assert len(sent) == 512
+    assert sum(p.ack_req for p in sent) <= 2 * 512 // 16 + 2
