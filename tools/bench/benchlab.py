@@ -68,6 +68,35 @@ def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500):
         core.down(name)
 
 
+@contextmanager
+def bare_veth(name: str, mtu: int = 1500):
+    """Two namespaces joined by one veth pair: no XDP, no switch, GSO/GRO as the kernel does
+    them — TCP's best path on this machine (the second baseline of ../shared/facts.md). Yields
+    (client netns, server netns, server address); removed whatever happens."""
+    from pyroute2 import NetNS, netns  # noqa: PLC0415
+    names = [f"{NETNS_PREFIX}{name}-a", f"{NETNS_PREFIX}{name}-b"]
+    for n in names:
+        if n in netns.listnetns():
+            netns.remove(n)
+    try:
+        for n in names:
+            netns.create(n)
+        with NetNS(names[0]) as ipr:
+            ipr.link("add", ifname="bv0", kind="veth", peer={"ifname": "bv1", "net_ns_fd": names[1]})
+        for n, ifname, addr in ((names[0], "bv0", "10.254.0.1"), (names[1], "bv1", "10.254.0.2")):
+            with NetNS(n) as ipr:
+                idx = ipr.link_lookup(ifname=ifname)[0]
+                ipr.link("set", index=idx, mtu=mtu)
+                ipr.addr("add", index=idx, address=addr, prefixlen=24)
+                ipr.link("set", index=idx, state="up")
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        yield names[0], names[1], "10.254.0.2"
+    finally:
+        for n in names:
+            if n in netns.listnetns():
+                netns.remove(n)
+
+
 @dataclass
 class BenchEnd:
     """One side of a connected benchmark QP pair: its MR, CQ and QP."""

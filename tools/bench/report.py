@@ -33,6 +33,9 @@ def vs_tcp(doc) -> list[str]:
            f"{g(r['mr_cpu_s_per_gib'])} | {g(r['roce_cpu_s_per_gib'])} |",
            f"| 64 B half round trip p50, µs | {g(r['tcp_lat_p50_us'])} | {g(r['mr_lat_p50_us'])} | |",
            f"| 64 B half round trip p99, µs | {g(r['tcp_lat_p99_us'])} | {g(r['mr_lat_p99_us'])} | |",
+           *([f"| TCP on a bare veth pair (no XDP, GSO/GRO): Gbit/s, 64 B p50 µs | "
+              f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} | | |"]
+             if "bare_tcp_bps" in r else []),
            "", "Ratios (MetaRoCE / TCP): " + ", ".join(f"{k} **{v}**" for k, v in
                                                      doc["ratios"].items()), ""]
     return out

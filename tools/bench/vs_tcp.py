@@ -8,7 +8,9 @@ A two-host lab; both MetaRoCE daemons up; then, alternating within each repetiti
   - CPU seconds per GiB moved, from the whole machine's /proc/stat over the transfer only (XDP
     runs in softirq and is charged to no single process, so per-process accounting would
     flatter MetaRoCE; process start-up is left out for both).
-Medians of --runs repetitions, min and max, and the ratios MetaRoCE / TCP. Every client runs on
+and TCP's best on this machine, the same iperf3 and sockperf on a bare veth pair (two namespaces,
+no XDP, no switch: GSO/GRO). Medians of --runs repetitions, min and max, and the ratios
+MetaRoCE / TCP against both. Every client runs on
 CPU 0 and every server on CPU 1, TCP and MetaRoCE alike (the MetaRoCE daemons are not pinned:
 they are the NIC); numbers are from a shared 2-vCPU VM: compare ratios.
 
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from benchlab import header, summary, two_hosts
+from benchlab import bare_veth, header, summary, two_hosts
 from metaroce.perf.run import busy_cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,8 +116,9 @@ def main() -> int:
     runs, secs = (7, 5) if a.full else (3, 2)
     res = {k: [] for k in ("tcp_bps", "mr_bps", "roce_bps", "tcp_cpu_s_per_gib",
                            "mr_cpu_s_per_gib", "roce_cpu_s_per_gib", "tcp_lat_p50_us",
-                           "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us")}
-    with two_hosts(LAB, mtu=a.mtu) as lab:
+                           "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us",
+                           "bare_tcp_bps", "bare_tcp_lat_p50_us")}
+    with two_hosts(LAB, mtu=a.mtu) as lab, bare_veth("benchbare", mtu=a.mtu) as bare:
         ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
         for r in range(runs):
@@ -134,12 +137,17 @@ def main() -> int:
             doc = perf(ns1, ns2, ip, "write-lat", ["-s", "64", "-n", "2000"], 18900 + r)
             res["mr_lat_p50_us"].append(doc["lat_p50_us"])
             res["mr_lat_p99_us"].append(doc["lat_p99_us"])
+            res["bare_tcp_bps"].append(iperf(bare[0], bare[1], bare[2], secs)["bps"])
+            res["bare_tcp_lat_p50_us"].append(sockperf(bare[0], bare[1], bare[2], secs)["lat_p50_us"])
     out = {k: summary(v) for k, v in res.items()}
     med = {k: v["median"] for k, v in out.items()}
     ratios = {"write_bw_metaroce_over_tcp": med["mr_bps"] / med["tcp_bps"],
               "write_bw_roce_over_tcp": med["roce_bps"] / med["tcp_bps"],
               "lat_p50_metaroce_over_tcp": med["mr_lat_p50_us"] / med["tcp_lat_p50_us"],
-              "cpu_per_gib_metaroce_over_tcp": med["mr_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"]}
+              "cpu_per_gib_metaroce_over_tcp": med["mr_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"],
+              "write_bw_metaroce_over_bare_veth_tcp": med["mr_bps"] / med["bare_tcp_bps"],
+              "lat_p50_metaroce_over_bare_veth_tcp":
+                  med["mr_lat_p50_us"] / med["bare_tcp_lat_p50_us"]}
     doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
            "ratios": {k: round(v, 3) for k, v in ratios.items()}}
     a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}.json")
