@@ -892,7 +892,7 @@ static __always_inline u32 on_mr_write(struct xdp_md *ctx, const struct roce_pkt
     u64 dmalen = bpf_ntohl(reth.dmalen), offset = bpf_ntohl(pe->offset);
     u32 pmtu = qp->pmtu ? qp->pmtu : 1024;
     if (offset + len > dmalen || (*ends && offset + len != dmalen) ||
-        (!*ends && len != pmtu) || (first && offset))
+        (!*ends && len != pmtu) || len > pmtu || (first && offset))
         return fatal(pl, qp, qpn, psn, AETH_NAK_INV_REQ, TX_NAK_INV_REQ, RX_INVALID_REQUEST);
     u32 rsn = bpf_ntohl(pe->rsn) & 0xFFFFFF;
     struct recv_wqe wqe = {};

@@ -311,21 +311,26 @@ static void check_metaroce(const struct mre_engine *e, struct responder *s,
     if (check_common(e, p, op, o))
         return;
     uint32_t n = p->len;
-    if (!(p->has & MRE_H_PETH) || n > mtu) {
-        o->v = V_NAK_INV;
+    int ends = is_last_or_only(op);
+    if (!(p->has & MRE_H_PETH) || n > mtu || (!ends && n != mtu) ||
+        (is_first_or_only(op) && p->offset)) {
+        o->v = V_NAK_INV;                            /* RESP-15 with PETH.Offset */
         return;
     }
     if (is_write(op)) {
-        if (!(p->has & MRE_H_RETH) || (uint64_t)p->offset + n > p->reth_len) {
+        if (!(p->has & MRE_H_RETH) || (uint64_t)p->offset + n > p->reth_len ||
+            (ends && (uint64_t)p->offset + n != p->reth_len)) {
             o->v = V_NAK_INV;
-            return;
-        }
-        if (n && !mr_ok(e, p->reth_rkey, p->reth_va + p->offset, n, MRE_ACCESS_REMOTE_WRITE)) {
-            o->v = V_NAK_ACC;
             return;
         }
         if (consumes_recv(op) && !recv_of(s, p->rsn & PSN_MASK)) {
             o->v = V_RNR;
+            return;
+        }
+        /* PLACE-2: the whole range of the RETH is checked before any packet of it is placed */
+        if (p->reth_len && !mr_ok(e, p->reth_rkey, p->reth_va, p->reth_len,
+                                  MRE_ACCESS_REMOTE_WRITE)) {
+            o->v = V_NAK_ACC;
             return;
         }
         o->tkind = T_MR;
@@ -374,14 +379,19 @@ static void verdict(const struct mre_engine *e, struct qp *q, const struct mre_p
         return;
     }
     if (mr) {
-        /* SACK-9: the window holds the request's PSN; a READ at ePSN takes its n response PSNs
-         * beyond it, one ahead of ePSN is recorded only if they fit (else repaired as lost) */
-        if ((uint32_t)d >= s->window || (d > 0 && (int64_t)d + o->npsn > s->window)) {
+        /* SACK-1: the window holds the request's PSN; SACK-9: a READ at ePSN takes its n
+         * response PSNs beyond it. A READ or atomic ahead of ePSN is discarded unrecorded, as
+         * the XDP responder does (SACK-9 allows either; verdict.py) */
+        if ((uint32_t)d >= s->window) {
             o->v = V_DROP;
             return;
         }
         if (bit_get(s, p->psn & PSN_MASK)) {
             o->v = V_DUP;
+            return;
+        }
+        if (d > 0 && (op == OP_READ_REQ || is_atomic_req(op))) {
+            o->v = V_DROP;
             return;
         }
         check_metaroce(e, s, p, op, mtu, o);

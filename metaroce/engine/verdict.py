@@ -96,12 +96,16 @@ def responder_verdict(s: RespState, f: PktFields) -> Result:
     if d < 0:
         return Result(Verdict.DUPLICATE, s, npsn)
     if s.metaroce:
-        # SACK-9: the window holds the request's PSN; a READ at ePSN takes its n response PSNs
-        # beyond it, one ahead of ePSN is recorded only if they fit (else repaired as lost)
-        if d >= s.window or (d > 0 and d + npsn > s.window):
+        # SACK-1: the window holds the request's PSN; SACK-9: a READ at ePSN takes its n
+        # response PSNs beyond it. A READ or atomic ahead of ePSN is discarded unrecorded (the
+        # requester repairs it as lost): SACK-9 allows recording it too, the XDP responder
+        # does not, and this function decides as the data path does (docs/engine.md)
+        if d >= s.window:
             return Result(Verdict.DROP, s, npsn)
         if s.bitmap >> d & 1:
             return Result(Verdict.DUPLICATE, s, npsn)
+        if d > 0 and op in P.READ_REQ | P.ATOMIC_REQ:
+            return Result(Verdict.DROP, s, npsn)
     elif d > 0:
         if s.sent_psn_nak:
             return Result(Verdict.DROP, s, npsn)
@@ -202,14 +206,19 @@ def _check_metaroce(s: RespState, f: PktFields, op):
     pl, n = f.place, f.payload_len
     if pl is None or n > s.mtu:
         return Verdict.NAK_INVALID, s, None
+    ends = op not in P.SEND_FIRST | P.SEND_MIDDLE | P.WRITE_FIRST | P.WRITE_MIDDLE
+    first = op in P.SEND_FIRST | P.SEND_ONLY | P.WRITE_FIRST | P.WRITE_ONLY
+    if (not ends and n != s.mtu) or (first and pl.offset):
+        return Verdict.NAK_INVALID, s, None                     # RESP-15 with PETH.Offset
     if op in P.WRITES:
         r = f.reth
-        if r is None or pl.offset + n > r.length:
+        if r is None or pl.offset + n > r.length or (ends and pl.offset + n != r.length):
             return Verdict.NAK_INVALID, s, None
-        if n and not _mr_ok(s, r.rkey, r.va + pl.offset, n, Access.REMOTE_WRITE):
-            return Verdict.NAK_ACCESS, s, None
         if op in P.CONSUMES_RECV and pl.rsn not in s.recv:
             return Verdict.RNR, s, None
+        # PLACE-2: the whole range of the RETH is checked before any packet of it is placed
+        if r.length and not _mr_ok(s, r.rkey, r.va, r.length, Access.REMOTE_WRITE):
+            return Verdict.NAK_ACCESS, s, None
         return Verdict.ACCEPT, s, ("mr", r.rkey, r.va + pl.offset)
     if pl.rsn not in s.recv:
         return Verdict.RNR, s, None

@@ -19,9 +19,13 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from metaroce.engine import packets as P
+from metaroce.engine import psn as psnm
 from metaroce.engine.verdict import PktFields, RespState, Verdict, responder_verdict
 from metaroce.nic.rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
-                             ACCESS_REMOTE_WRITE, RxPath)
+                             ACCESS_REMOTE_WRITE, RQ_DEPTH, RxPath)
+from metaroce.wire import consts as C
+from metaroce.wire.headers import BTH as BTH_, PETH, RETH, AtomicETH, ImmDt
+from metaroce.wire.packet import UDP as UDP_, Ethernet, IPv4, RocePacket
 
 QPN, PD, PEER = 0x000321, 5, 0x000654
 MTU = 256
@@ -54,7 +58,8 @@ def kernel_verdict(rx, before) -> Verdict:
     for k, v in REASON_VERDICT.items():
         if d.get(k):
             return v
-    assert set(d) <= {"psn_out_of_order", "bad_opcode_seq", "qp_error"}, d
+    assert set(d) <= {"psn_out_of_order", "bad_opcode_seq", "qp_error", "beyond_window",
+                      "wrong_mode"}, d
     return Verdict.DROP
 
 
@@ -204,6 +209,214 @@ def test_kernel_decides_like_the_engine(rx, seed):
             st.step(trace)
         seen = {t[2] for t in trace}
         assert {"ACCEPT", "DUPLICATE", "NAK_SEQ", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
+    finally:
+        for m in mrs:
+            rx.dereg_mr(m)
+        rx.del_qp(QPN)
+
+
+# ---- MetaRoCE mode: reordered, duplicated and refused packets against the receive window -----
+
+MR_W = 128                                  # SACK-1's W of the XDP responder (nic_consts.h)
+O = C.Opcode
+
+
+def mr_frame(op, psn, headers, payload=b""):
+    return RocePacket(ip=IPv4(src="10.9.0.1", dst="10.9.0.2"),
+                      bth=BTH_(opcode=op, dest_qp=QPN, psn=psn & 0xFFFFFF), headers=headers,
+                      payload=payload, udp=UDP_(sport=0xC001),
+                      eth=Ethernet(dst="02:00:00:00:00:02", src="02:00:00:00:00:01")).to_bytes()
+
+
+def kernel_bitmap(kstate) -> set[int]:
+    """The distances d from ePSN of the PSNs the kernel recorded (wire order: d = 1 is bit 63
+    of rbm_hi, d = 65 bit 63 of rbm_lo)."""
+    hi, lo = kstate["rbm_hi"], kstate["rbm_lo"]
+    return {d for d in range(1, MR_W) if (hi >> (64 - d) if d <= 64 else lo >> (128 - d)) & 1}
+
+
+def engine_bitmap(state) -> set[int]:
+    return {d for d in range(1, MR_W) if state.bitmap >> d & 1}
+
+
+class MrStream:
+    """MetaRoCE request messages whose packets arrive in random order, some twice, some refused
+    and sent again (a lossy, multipath fabric with a requester that repairs), against one QP;
+    after every packet the kernel's verdict, ePSN and receive bitmap equal the engine's."""
+
+    def __init__(self, rx, rng, mrs, faults=True):
+        self.rx, self.rng, self.mrs, self.faults = rx, rng, mrs, faults
+        self.reset(rng.choice([0, 1000, 0xFFFFC0]))
+
+    def reset(self, epsn):
+        self.rx.del_qp(QPN)
+        self.rx.set_qp(QPN, epsn=epsn, pd=PD, dqpn=PEER, pmtu=MTU, metaroce=True)
+        engine_mrs = {m.rkey: (m.addr, m.length, m.access) for m in self.mrs if m.pd == PD}
+        self.s = RespState(metaroce=True, epsn=epsn, mtu=MTU, window=MR_W, mrs=engine_mrs)
+        self.next, self.ssn, self.rsn, self.posted = epsn, 1, 0, 0
+        self.pending: list[tuple[bytes, PktFields]] = []     # made, not yet recorded
+        self.held, self.hold = None, 0       # a lost packet whose repair comes much later
+        self.sent: list[tuple[bytes, PktFields]] = []
+        self.refill()
+
+    def refill(self):
+        """Receives posted for the RSNs the stream has used and a few beyond, most of the time
+        (the rest: SENDs meet RNR until a later refill). In MetaRoCE mode the kernel never
+        consumes a WQE itself (user space completes it once ePSN passes), so RSN n is WQE n."""
+        if self.rng.random() < 0.3:
+            return
+        recv = dict(self.s.recv)
+        while self.posted < min(self.rsn + 2, RQ_DEPTH):
+            self.rx.post_recv(QPN, self.posted, self.posted, self.mrs[0].addr, self.mrs[0].rkey,
+                              3 * MTU)
+            recv[self.posted] = 3 * MTU
+            self.posted += 1
+        self.s = replace(self.s, recv=recv)
+
+    def message(self):
+        """The packets of one request message at the next PSNs, valid or with one fault."""
+        r = self.rng
+        kind = r.choice(["write", "write", "write_imm", "send", "read", "atomic"])
+        mr = self.mrs[0] if r.random() < 0.85 or not self.faults else r.choice(self.mrs)
+        fault = r.choice([None] * 16 + ["rkey", "bounds", "range", "offset", "length",
+                                        "oversize", "misalign", "mode"]) if self.faults else None
+        rkey = mr.rkey ^ 0x5A5A if fault == "rkey" else mr.rkey
+        psn, ssn = self.next, self.ssn
+        self.ssn += 1
+        out = []
+        if kind in ("write", "write_imm", "send"):
+            n = r.choice([1, 1, 2, 3, 5])
+            length = (n - 1) * MTU + (MTU + 4 if fault == "oversize" else r.randint(1, MTU))
+            va = mr.addr + r.randrange(0, max(1, mr.length - length))
+            if fault == "bounds":                      # the last bytes lie past the MR
+                va = mr.addr + mr.length - length + r.randint(1, 64)
+            if fault == "range":                       # PLACE-2: the RETH's range is checked
+                length += mr.length
+            imm = kind == "write_imm" or (kind == "send" and r.random() < 0.3)
+            consumes = kind != "write"
+            rsn = self.rsn
+            if consumes:
+                self.rsn += 1
+            nmsg = n if fault == "oversize" else -(-length // MTU)   # oversize: the last
+            # packet carries more than the MTU
+            ops = P.segment_opcodes("send" if kind == "send" else "write", nmsg, imm)
+            for i, rc_op in enumerate(ops):
+                op = P.to_mode(rc_op, True)
+                off = i * MTU
+                size = length - off if i == nmsg - 1 else MTU
+                if fault == "offset" and i == nmsg - 1:
+                    off += 8                            # a packet at the wrong place
+                if fault == "length" and i == 0 and nmsg > 1:
+                    size -= 1                           # a FIRST shorter than the MTU
+                payload = bytes([r.randrange(256)]) * size
+                hdrs = [PETH(path_id=0, ssn=ssn, offset=off, rsn=rsn)]
+                reth = None
+                if kind != "send":
+                    reth = P.Reth(va, rkey, length)
+                    hdrs.append(RETH(va=va, rkey=rkey, dma_len=length))
+                if rc_op in P.WITH_IMM:
+                    hdrs.append(ImmDt(0x1234))
+                f = PktFields(op, (psn + i) & 0xFFFFFF, size, reth=reth,
+                              place=P.Placement(ssn, rsn, off))
+                out.append((mr_frame(op, psn + i, tuple(hdrs), payload), f))
+                if fault == "mode" and i == 0:          # the other mode's opcode (EXT-2) first
+                    out.insert(0, (frame(int(rc_op), psn, payload),
+                                   replace(f, opcode=int(rc_op))))
+            self.next = (psn + len(ops)) & 0xFFFFFF
+            return out
+        pl = P.Placement(ssn, self.rsn, 0)
+        if kind == "read":
+            length = r.randint(1, 6 * MTU)
+            va = mr.addr + r.randrange(0, max(1, mr.length - length))
+            if fault == "bounds":
+                va = mr.addr + mr.length - length + 8
+            hdrs = (PETH(path_id=0, ssn=ssn, offset=0, rsn=self.rsn),
+                    RETH(va=va, rkey=rkey, dma_len=length))
+            op = int(O.MR_RDMA_READ_REQUEST)
+            f = PktFields(op, psn, 0, reth=P.Reth(va, rkey, length), place=pl)
+            self.next = (psn + P.npackets(length, MTU)) & 0xFFFFFF
+            return [(mr_frame(op, psn, hdrs), f)]
+        op = int(r.choice([O.MR_COMPARE_SWAP, O.MR_FETCH_ADD]))
+        va = mr.addr + 8 * r.randrange(0, mr.length // 8)
+        if fault == "misalign":
+            va += r.randint(1, 7)
+        if fault == "bounds":
+            va = mr.addr + mr.length
+        hdrs = (PETH(path_id=0, ssn=ssn, offset=0, rsn=self.rsn),
+                AtomicETH(va=va, rkey=rkey, swap_add=1, compare=0))
+        f = PktFields(op, psn, 0, atomic=P.AtomicEth(va, rkey, 1, 0), place=pl)
+        self.next = (psn + 1) & 0xFFFFFF
+        return [(mr_frame(op, psn, hdrs), f)]
+
+    def step(self, trace):
+        r = self.rng
+        # keep up to a window and a bit more of PSNs made: the far ones meet SACK-1's edge
+        while not self.pending or (r.random() < 0.35 and
+                                   psnm.diff(self.next, self.s.epsn) < MR_W + 24):
+            self.pending += self.message()
+        if self.held is None and r.random() < 0.03:
+            self.held, self.hold = self.pending.pop(0), r.randint(40, 300)
+            if not self.pending:
+                self.pending += self.message()
+        elif self.held is not None:
+            self.hold -= 1
+            if not self.hold:
+                self.pending.insert(0, self.held)
+                self.held = None
+        if r.random() < 0.1 and self.sent:
+            raw, f = r.choice(self.sent[-16:])                # a duplicate
+            recorded = True
+        else:
+            i = 0 if r.random() < 0.4 else r.randrange(len(self.pending))
+            raw, f = self.pending.pop(i)
+            recorded = False
+        before = self.rx.counters()
+        self.rx.run(raw)
+        got = kernel_verdict(self.rx, before)
+        want = responder_verdict(self.s, f)
+        kstate = self.rx.qp_state(QPN)
+        trace.append((hex(f.opcode), f.psn, want.verdict.name, got.name, want.state.epsn,
+                      kstate["epsn"], psnm.diff(f.psn, self.s.epsn)))
+        assert got == want.verdict, trace[-12:]
+        assert kstate["epsn"] == want.state.epsn, trace[-12:]
+        assert kernel_bitmap(kstate) == engine_bitmap(want.state), trace[-12:]
+        self.s = want.state
+        v = want.verdict
+        if v in (Verdict.NAK_INVALID, Verdict.NAK_ACCESS):
+            self.reset(r.choice([7, 0xFFFFFE, 500000]))       # fatal: the QP is re-armed
+            return
+        if v is Verdict.ACCEPT:
+            self.sent.append((raw, f))
+        elif not recorded and v in (Verdict.DROP, Verdict.RNR) and \
+                not (f.opcode < 0xC0):                        # refused: the requester resends
+            self.pending.append((raw, f))
+        self.refill()
+
+
+def test_kernel_decides_like_the_engine_in_metaroce_mode(rx):
+    """Issue 20 (5): the contract in MetaRoCE mode (SACK-1, SACK-3, SACK-6, SACK-7, SACK-9,
+    PLACE-2, PLACE-5, EXT-2, RESP-15): seeded streams of WRITE, WRITE with immediate, SEND by
+    RSN, READ and atomics, their packets in random order, duplicated, past the window edge and
+    with faults, through the loaded program and the engine's responder side by side."""
+    all_access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | \
+        ACCESS_REMOTE_ATOMIC
+    mrs = [rx.reg_mr(64 * 1024, PD, all_access),
+           rx.reg_mr(5000, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
+           rx.reg_mr(4096, PD, ACCESS_REMOTE_READ),
+           rx.reg_mr(8192, PD + 1, all_access)]
+    try:
+        seen, trace = set(), []
+        for seed in (11, 12, 13, 14):           # two streams with faults, two without (whose
+            # holes stay open long enough to fill the window to its edge)
+            st = MrStream(rx, random.Random(seed), mrs, faults=seed < 13)
+            for _ in range(500):
+                st.step(trace)
+            seen |= {t[2] for t in trace}
+        assert {"ACCEPT", "DUPLICATE", "DROP", "RNR", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
+        ahead = max(t[6] for t in trace if t[2] == "ACCEPT")
+        beyond = [t for t in trace if t[6] >= MR_W]
+        assert ahead >= MR_W - 16, f"packets were recorded at most {ahead} PSNs ahead of ePSN"
+        assert beyond and {t[2] for t in beyond} == {"DROP"}, "SACK-1's edge was not met"
     finally:
         for m in mrs:
             rx.dereg_mr(m)

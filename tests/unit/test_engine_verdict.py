@@ -114,10 +114,32 @@ def test_metaroce_window_and_placement_bounds():
     assert v(M, **mw(psn=(0xFFFFFE + 8) % 2**24)).verdict is Verdict.DROP
     assert v(M, **mw(psn=(0xFFFFFE + 7) % 2**24)).verdict is Verdict.ACCEPT
     assert v(M, **mw(0xFFFFFE, off=1000, n=100)).verdict is Verdict.NAK_INVALID
-    assert v(M, **mw(0xFFFFFE, off=4000, n=200, length=8000)).verdict is Verdict.NAK_ACCESS
+    assert v(M, **mw(0xFFFFFE, off=4000, n=256, length=8000)).verdict is Verdict.NAK_ACCESS
+    # PLACE-2: the RETH's whole range is checked, also for a packet whose own bytes fit
+    assert v(M, **mw(0xFFFFFE, off=0, n=256, length=8000)).verdict is Verdict.NAK_ACCESS
+    # RESP-15 with PETH.Offset: FIRST/MIDDLE carry exactly the MTU, a FIRST starts at 0, the
+    # packet that ends the message ends its DMA length
+    assert v(M, **mw(0xFFFFFE, off=256, n=200)).verdict is Verdict.NAK_INVALID
+    first = dict(mw(0xFFFFFE, off=256), opcode=O.MR_RDMA_WRITE_FIRST)
+    assert v(M, **first).verdict is Verdict.NAK_INVALID
+    last = dict(mw(0xFFFFFE, off=512, n=100), opcode=O.MR_RDMA_WRITE_LAST)
+    assert v(M, **last).verdict is Verdict.NAK_INVALID
     rd = dict(opcode=O.MR_RDMA_READ_REQUEST, psn=(0xFFFFFE + 6) % 2**24,
               reth=Reth(0x1000, 7, 3 * 256), place=Placement(0, 0, 0))
     assert v(M, **rd).verdict is Verdict.DROP  # its 3 response PSNs would leave the window
+
+
+def test_metaroce_read_and_atomic_ahead_are_discarded_unrecorded():
+    """SACK-9/PLACE-5: a READ or atomic is executed only at ePSN; one that arrives ahead is
+    discarded unrecorded, as the XDP responder does (the requester repairs it as lost)."""
+    rd = dict(opcode=O.MR_RDMA_READ_REQUEST, psn=(0xFFFFFE + 1) % 2**24,
+              reth=Reth(0x1000, 7, 8), place=Placement(0, 0, 0))
+    r = v(M, **rd)
+    assert r.verdict is Verdict.DROP and r.state == M
+    at = dict(opcode=O.MR_FETCH_ADD, psn=(0xFFFFFE + 2) % 2**24,
+              atomic=AtomicEth(0x1000, 7, 1), place=Placement(0, 0, 0))
+    assert v(M, **at).verdict is Verdict.DROP
+    assert v(M, **dict(rd, psn=0xFFFFFE)).verdict is Verdict.ACCEPT
     assert v(M, opcode=O.RC_SEND_ONLY, psn=0xFFFFFE, payload_len=1).verdict is Verdict.DROP
 
 
