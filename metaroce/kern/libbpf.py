@@ -150,8 +150,10 @@ XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2
 VETH_NATIVE_XDP_MAX_MTU = 3498
 
 
-def xdp_mode_for_mtu(mtu: int) -> tuple[str, int, str]:
-    """(mode, attach flags, reason) for a program that is not frags-aware."""
+def xdp_mode_for_mtu(mtu: int, frags: bool = False) -> tuple[str, int, str]:
+    """(mode, attach flags, reason) for a program, frags-aware or not."""
+    if frags:
+        return "native", XDP_FLAGS_DRV_MODE, f"frags-aware program (MTU {mtu})"
     if mtu <= VETH_NATIVE_XDP_MAX_MTU:
         return "native", XDP_FLAGS_DRV_MODE, "the frame fits one page"
     return "generic", XDP_FLAGS_SKB_MODE, f"MTU {mtu} needs a frags-aware program"

@@ -141,7 +141,7 @@ class Daemon:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
         self.displaced = xdpslot.take_over(self.ifindex, dev.restore_path)
         self.took_slot = True
-        self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu)
+        self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu, frags=True)
         self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
         if credits is not None:
             if credits.link_rate_bps is None:
