@@ -10,6 +10,9 @@ opcodes refused (EXT-2), and the requester consuming SACKs (SACK-4)."""
 import os
 
 import pytest
+from scapy.layers.inet import IP, UDP as SUDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
 
 from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, \
     ACCESS_REMOTE_WRITE, RxPath
@@ -248,10 +251,9 @@ def test_multi_buffer_frames_are_checked_and_placed_whole(rx):
         # unverifiable before any state is read
         assert rc == XDP_DROP and d == {"bad_icrc": 1}, d
         assert bytes(mr.buf) == before and rx.qp_state(qpn)["epsn"] == 102
-        jumbo = bytes.fromhex("020000000002020000000001" "0800") + \
-            bytes.fromhex("4500232c0000400040110000" "0a070001" "0a070002") + \
-            (5000).to_bytes(2, "big") + (5001).to_bytes(2, "big") + (8972).to_bytes(2, "big") + \
-            b"\0\0" + os.urandom(8964)
+        jumbo = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+                      IP(src="10.7.0.1", dst="10.7.0.2") / SUDP(sport=5000, dport=5001) /
+                      Raw(os.urandom(8964)))
         rc, out, d = run(rx, jumbo)
         assert rc == XDP_PASS and d == {"not_roce": 1}, d
     finally:

@@ -63,6 +63,17 @@ def kernel_verdict(rx, before) -> Verdict:
     return Verdict.DROP
 
 
+def post_receives(st, upto):
+    """Post the stream's receives numbered st.posted .. upto - 1 (3 MTUs each, into its first
+    MR) in the kernel's ring and in the engine's state."""
+    recv = dict(st.s.recv)
+    while st.posted < upto:
+        st.rx.post_recv(QPN, st.posted, st.posted, st.mrs[0].addr, st.mrs[0].rkey, 3 * MTU)
+        recv[st.posted] = 3 * MTU
+        st.posted += 1
+    st.s = replace(st.s, recv=recv)
+
+
 class Stream:
     """One random request stream and the engine's state beside the kernel's."""
 
@@ -89,14 +100,7 @@ class Stream:
         """Keep up to RQ_SLOTS receives posted (some streams leave them empty: RNR)."""
         if "send" not in self.kinds:
             return
-        target = self.s.recv_head + (RQ_SLOTS if self.rng.random() < 0.8 else 0)
-        recv = dict(self.s.recv)
-        while self.posted < target:
-            self.rx.post_recv(QPN, self.posted, self.posted, self.mrs[0].addr, self.mrs[0].rkey,
-                              3 * MTU)
-            recv[self.posted] = 3 * MTU
-            self.posted += 1
-        self.s = replace(self.s, recv=recv)
+        post_receives(self, self.s.recv_head + (RQ_SLOTS if self.rng.random() < 0.8 else 0))
 
     def message(self):
         """Packets of one request message, valid or with one deliberate fault."""
@@ -193,26 +197,31 @@ def rx():
     path.close()
 
 
+ALL_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
+
+
+@pytest.fixture
+def mrs(rx):
+    """The regions every stream aims at: one for everything, one without READ/atomic, one read
+    only, one of another PD."""
+    regs = [rx.reg_mr(64 * 1024, PD, ALL_ACCESS),
+            rx.reg_mr(5000, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
+            rx.reg_mr(4096, PD, ACCESS_REMOTE_READ),
+            rx.reg_mr(8192, PD + 1, ALL_ACCESS)]
+    yield regs
+    for m in regs:
+        rx.dereg_mr(m)
+    rx.del_qp(QPN)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_kernel_decides_like_the_engine(rx, seed):
-    rng = random.Random(seed)
-    all_access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | \
-        ACCESS_REMOTE_ATOMIC
-    mrs = [rx.reg_mr(64 * 1024, PD, all_access),
-           rx.reg_mr(5000, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),      # no READ/atomic
-           rx.reg_mr(4096, PD, ACCESS_REMOTE_READ),                           # read only
-           rx.reg_mr(8192, PD + 1, all_access)]                               # another PD
-    try:
-        st = Stream(rx, rng, mrs)
-        trace = []
-        for _ in range(400):
-            st.step(trace)
-        seen = {t[2] for t in trace}
-        assert {"ACCEPT", "DUPLICATE", "NAK_SEQ", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
-    finally:
-        for m in mrs:
-            rx.dereg_mr(m)
-        rx.del_qp(QPN)
+def test_kernel_decides_like_the_engine(rx, mrs, seed):
+    st = Stream(rx, random.Random(seed), mrs)
+    trace = []
+    for _ in range(400):
+        st.step(trace)
+    seen = {t[2] for t in trace}
+    assert {"ACCEPT", "DUPLICATE", "NAK_SEQ", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
 
 
 # ---- MetaRoCE mode: reordered, duplicated and refused packets against the receive window -----
@@ -263,15 +272,8 @@ class MrStream:
         """Receives posted for the RSNs the stream has used and a few beyond, most of the time
         (the rest: SENDs meet RNR until a later refill). In MetaRoCE mode the kernel never
         consumes a WQE itself (user space completes it once ePSN passes), so RSN n is WQE n."""
-        if self.rng.random() < 0.3:
-            return
-        recv = dict(self.s.recv)
-        while self.posted < min(self.rsn + 2, RQ_DEPTH):
-            self.rx.post_recv(QPN, self.posted, self.posted, self.mrs[0].addr, self.mrs[0].rkey,
-                              3 * MTU)
-            recv[self.posted] = 3 * MTU
-            self.posted += 1
-        self.s = replace(self.s, recv=recv)
+        if self.rng.random() >= 0.3:
+            post_receives(self, min(self.rsn + 2, RQ_DEPTH))
 
     def message(self):
         """The packets of one request message at the next PSNs, valid or with one fault."""
@@ -388,39 +390,28 @@ class MrStream:
         if v is Verdict.ACCEPT:
             self.sent.append((raw, f))
         elif not recorded and v in (Verdict.DROP, Verdict.RNR) and \
-                not (f.opcode < 0xC0):                        # refused: the requester resends
+                f.opcode >= 0xC0:                             # refused: the requester resends
             self.pending.append((raw, f))
         self.refill()
 
 
-def test_kernel_decides_like_the_engine_in_metaroce_mode(rx):
+def test_kernel_decides_like_the_engine_in_metaroce_mode(rx, mrs):
     """Issue 20 (5): the contract in MetaRoCE mode (SACK-1, SACK-3, SACK-6, SACK-7, SACK-9,
     PLACE-2, PLACE-5, EXT-2, RESP-15): seeded streams of WRITE, WRITE with immediate, SEND by
     RSN, READ and atomics, their packets in random order, duplicated, past the window edge and
     with faults, through the loaded program and the engine's responder side by side."""
-    all_access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | \
-        ACCESS_REMOTE_ATOMIC
-    mrs = [rx.reg_mr(64 * 1024, PD, all_access),
-           rx.reg_mr(5000, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
-           rx.reg_mr(4096, PD, ACCESS_REMOTE_READ),
-           rx.reg_mr(8192, PD + 1, all_access)]
-    try:
-        seen, trace = set(), []
-        for seed in (11, 12, 13, 14):           # two streams with faults, two without (whose
-            # holes stay open long enough to fill the window to its edge)
-            st = MrStream(rx, random.Random(seed), mrs, faults=seed < 13)
-            for _ in range(500):
-                st.step(trace)
-            seen |= {t[2] for t in trace}
-        assert {"ACCEPT", "DUPLICATE", "DROP", "RNR", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
-        ahead = max(t[6] for t in trace if t[2] == "ACCEPT")
-        beyond = [t for t in trace if t[6] >= MR_W]
-        assert ahead >= MR_W - 16, f"packets were recorded at most {ahead} PSNs ahead of ePSN"
-        assert beyond and {t[2] for t in beyond} == {"DROP"}, "SACK-1's edge was not met"
-    finally:
-        for m in mrs:
-            rx.dereg_mr(m)
-        rx.del_qp(QPN)
+    seen, trace = set(), []
+    for seed in (11, 12, 13, 14):           # two streams with faults, two without (whose
+        # holes stay open long enough to fill the window to its edge)
+        st = MrStream(rx, random.Random(seed), mrs, faults=seed < 13)
+        for _ in range(500):
+            st.step(trace)
+        seen |= {t[2] for t in trace}
+    assert {"ACCEPT", "DUPLICATE", "DROP", "RNR", "NAK_ACCESS", "NAK_INVALID"} <= seen, seen
+    ahead = max(t[6] for t in trace if t[2] == "ACCEPT")
+    beyond = [t for t in trace if t[6] >= MR_W]
+    assert ahead >= MR_W - 16, f"packets were recorded at most {ahead} PSNs ahead of ePSN"
+    assert beyond and {t[2] for t in beyond} == {"DROP"}, "SACK-1's edge was not met"
 
 
 # ---- the same streams over real veth: a lab pair, h2's daemon, frames from h1 -------------------
@@ -481,11 +472,9 @@ def wire(module_lab_name):
         d.start_background(dev, "roce")
         ctx = Context("eth0", dev.netns)
         pd, other = VPD(ctx), VPD(ctx)
-        all_access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | \
-            ACCESS_REMOTE_ATOMIC
-        regs = [VMR(pd, 64 * 1024, all_access), VMR(pd, 5000, ACCESS_LOCAL_WRITE |
+        regs = [VMR(pd, 64 * 1024, ALL_ACCESS), VMR(pd, 5000, ACCESS_LOCAL_WRITE |
                 ACCESS_REMOTE_WRITE), VMR(pd, 4096, ACCESS_REMOTE_READ),
-                VMR(other, 8192, all_access)]
+                VMR(other, 8192, ALL_ACCESS)]
         mrs = [SimpleNamespace(rkey=m.rkey, addr=m.addr, length=m.length, access=m.access,
                                pd=m.pd.handle) for m in regs]
         yield WireNic(view, ctx), mrs, pd.handle
