@@ -203,7 +203,7 @@ ALL_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACC
 @pytest.fixture
 def mrs(rx):
     """The regions every stream aims at: one for everything, one without READ/atomic, one read
-    only, one of another PD."""
+    only, one of another PD; its teardown also deletes the QP the test's streams created."""
     regs = [rx.reg_mr(64 * 1024, PD, ALL_ACCESS),
             rx.reg_mr(5000, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
             rx.reg_mr(4096, PD, ACCESS_REMOTE_READ),
