@@ -50,6 +50,7 @@ bench: setup
 	$(PY) tools/bench/verbs_steps.py
 	$(PY) tools/bench/busy_poll.py
 	$(PY) tools/bench/daemon_rtt.py
+	$(PY) tools/bench/nic_rx_cost.py
 	$(PY) tools/bench/bpf_build.py
 	$(PY) tools/bench/incast.py --quick
 	$(PY) tools/bench/multipath.py --quick

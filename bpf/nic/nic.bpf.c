@@ -44,6 +44,13 @@ static __always_inline void port_count(u32 which, u64 len)
         *c += len;
 }
 
+static __always_inline void port_count_one(u32 which)
+{
+    u64 *c = port_counters.lookup(&which);
+    if (c)
+        (*c)++;
+}
+
 static __always_inline void emit(struct nic_event *ev)
 {
     u32 k = events.ringbuf_output(ev, sizeof(*ev), 0) ? 1 : 0;
@@ -225,9 +232,17 @@ static __always_inline int icrc_ok(struct xdp_md *ctx, const struct roce_pkt *rp
     return wire == ~crc;                   /* the ICRC travels least significant byte first */
 }
 
+/* INT-3 (nic_csum.h) with this CPU's scratch. */
+static __always_inline int csum_ok(struct xdp_md *ctx, const struct roce_pkt *rp, u32 l4)
+{
+    u32 zero = 0;
+    struct csum_scratch *s = csum_scratch.lookup(&zero);
+    return s ? csum_check(ctx, rp, l4, s) : 0;
+}
+
 /* Turn the packet into the planned reply and send it back out of its port (XDP_TX). */
 static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
-                                 const struct plan *pl, u32 dqpn, u32 reason)
+                                 const struct plan *pl, const struct nic_qp *qp, u32 reason)
 {
     u32 zero = 0;
     struct crc_tables *T = crc_tab.lookup(&zero);
@@ -235,6 +250,8 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     if (!T || !s)
         return verdict(reason, XDP_DROP);
     int v6 = rp->ipver == 6;
+    int csum = qp->integrity == INT_CSUM;   /* INT-2: the reply carries a UDP checksum too */
+    u32 dqpn = qp->dqpn;
     u32 k = pl->kind;
     u32 want = k == REPLY_ACK ? REPLY_LEN(v6, REPLY_ACK)
              : k == REPLY_ATOMIC_ACK ? REPLY_LEN(v6, REPLY_ATOMIC_ACK)
@@ -251,30 +268,30 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     /* kind and IP version are constants at each call so every offset is fixed */
     if (v6) {
         if (k == REPLY_ACK)
-            len = build_reply(data, data_end, 1, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+            len = build_reply(data, data_end, 1, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s, csum);
         else if (k == REPLY_ATOMIC_ACK)
             len = build_reply(data, data_end, 1, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, x, T, s);
+                              pl->orig, x, T, s, csum);
         else if (k == REPLY_SACK)
-            len = build_reply(data, data_end, 1, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+            len = build_reply(data, data_end, 1, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s, csum);
         else if (k == REPLY_MR_ATOMIC_ACK)
             len = build_reply(data, data_end, 1, REPLY_MR_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, x, T, s);
+                              pl->orig, x, T, s, csum);
         else
-            len = build_reply(data, data_end, 1, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s);
+            len = build_reply(data, data_end, 1, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s, csum);
     } else {
         if (k == REPLY_ACK)
-            len = build_reply(data, data_end, 0, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+            len = build_reply(data, data_end, 0, REPLY_ACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s, csum);
         else if (k == REPLY_ATOMIC_ACK)
             len = build_reply(data, data_end, 0, REPLY_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, x, T, s);
+                              pl->orig, x, T, s, csum);
         else if (k == REPLY_SACK)
-            len = build_reply(data, data_end, 0, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s);
+            len = build_reply(data, data_end, 0, REPLY_SACK, dqpn, pl->psn, syn, pl->msn, 0, x, T, s, csum);
         else if (k == REPLY_MR_ATOMIC_ACK)
             len = build_reply(data, data_end, 0, REPLY_MR_ATOMIC_ACK, dqpn, pl->psn, syn, pl->msn,
-                              pl->orig, x, T, s);
+                              pl->orig, x, T, s, csum);
         else
-            len = build_reply(data, data_end, 0, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s);
+            len = build_reply(data, data_end, 0, REPLY_CNP, dqpn, 0, 0, 0, 0, x, T, s, csum);
     }
     if (!len)
         return verdict(RX_MALFORMED, XDP_DROP);
@@ -1213,10 +1230,21 @@ int nic_rx(struct xdp_md *ctx)
         if (pk)
             return verdict(RX_BAD_PKEY, XDP_DROP);
     }
-#ifndef MUTANT_SKIP_ICRC                /* conformance self-test only: ICRC not checked */
-    if (!icrc_ok(ctx, &rp, l4))
-        return verdict(RX_BAD_ICRC, XDP_DROP);
+    /* every packet of a known QP passes its QP's check before anything else is read (ICRC-1,
+     * INT-3): the ICRC, or on a MetaRoCE QP that negotiated CSUM the IPv4/UDP checksums */
+    if (qp->integrity == INT_CSUM) {
+        port_count_one(PORT_RCV_CSUM_CHECKED);
+#ifndef MUTANT_SKIP_CSUM                /* conformance self-test only: checksums not checked */
+        if (!csum_ok(ctx, &rp, l4))
+            return verdict(RX_BAD_CSUM, XDP_DROP);
 #endif
+    } else {
+        port_count_one(PORT_RCV_ICRC_CHECKED);
+#ifndef MUTANT_SKIP_ICRC                /* conformance self-test only: ICRC not checked */
+        if (!icrc_ok(ctx, &rp, l4))
+            return verdict(RX_BAD_ICRC, XDP_DROP);
+#endif
+    }
     qp->rx_packets++;
     struct plan pl = {};
     pl.se = bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
@@ -1244,7 +1272,7 @@ int nic_rx(struct xdp_md *ctx)
             }
         }
         if (pl.kind)
-            return reply(ctx, &rp, &pl, qp->dqpn, reason);
+            return reply(ctx, &rp, &pl, qp, reason);
         return verdict(reason, XDP_DROP);
     }
     if (op == RC_ACKNOWLEDGE)
@@ -1268,7 +1296,7 @@ int nic_rx(struct xdp_md *ctx)
 #endif
         qp->nak_sent = 1;
         set_reply(&pl, REPLY_ACK, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn, TX_NAK_SEQ);
-        return reply(ctx, &rp, &pl, qp->dqpn, RX_PSN_OUT_OF_ORDER);
+        return reply(ctx, &rp, &pl, qp, RX_PSN_OUT_OF_ORDER);
     }
     if (ahead) {                               /* a duplicate (RESP-4) */
         qp->duplicate_request++;
@@ -1312,6 +1340,6 @@ int nic_rx(struct xdp_md *ctx)
         }
     }
     if (pl.kind)
-        return reply(ctx, &rp, &pl, qp->dqpn, reason);
+        return reply(ctx, &rp, &pl, qp, reason);
     return verdict(reason, XDP_DROP);
 }

@@ -146,7 +146,9 @@
 #define RX_BAD_PKEY 23             /* P_Key does not match the QP's (HDR-2) */
 #define RX_BAD_RECV_WQE 24        /* the owner's receive queue holds a WQE (or an index) no
                                    * receive can be: the QP goes to ERR */
-#define RX_NREASONS 25
+#define RX_BAD_CSUM 25             /* a CSUM QP's packet failed its IPv4 header or UDP checksum,
+                                  * or came with no UDP checksum (INT-3) */
+#define RX_NREASONS 26
 
 /* Replies generated in the kernel (index into tx_counters). */
 #define TX_ACK 0
@@ -168,7 +170,13 @@
 #define PORT_RCV_BYTES 1
 #define PORT_XMIT_PACKETS 2
 #define PORT_XMIT_BYTES 3
-#define PORT_NCOUNTERS 4
+#define PORT_RCV_ICRC_CHECKED 4   /* RoCE frames of a known QP checked by the ICRC (ICRC-1) */
+#define PORT_RCV_CSUM_CHECKED 5   /* ... by the negotiated UDP checksum instead (INT-3) */
+#define PORT_NCOUNTERS 6
+
+/* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.9, INT-1) */
+#define INT_ICRC 0                /* the RoCEv2 ICRC (CRC-32), every compat QP and the default */
+#define INT_CSUM 1                /* MetaRoCE with CSUM negotiated: IPv4 header + UDP checksum */
 
 /* Events for user space (ring buffer). */
 #define EV_RECV 1                 /* a receive WQE completed (SEND or WRITE_WITH_IMM) */

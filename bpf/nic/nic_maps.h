@@ -4,6 +4,7 @@
 
 #include "nic_structs.h"
 #include "nic_icrc.h"
+#include "nic_csum.h"
 #include "nic_reply.h"
 
 #define BPF_F_MMAPABLE_ (1U << 10)
@@ -39,5 +40,6 @@ BPF_PERCPU_ARRAY(ev_counters, u64, 2);              /* events sent, events lost 
 BPF_PERCPU_ARRAY(scratch, struct scratch, 1);
 BPF_ARRAY(crc_tab, struct crc_tables, 1);            /* filled by the loader */
 BPF_PERCPU_ARRAY(icrc_scratch, struct icrc_scratch, 1);
+BPF_PERCPU_ARRAY(csum_scratch, struct csum_scratch, 1);
 
 #endif

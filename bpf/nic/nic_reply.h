@@ -65,11 +65,13 @@ static __always_inline void swap_bytes(__u8 *a, __u8 *b, int n)
 
 /* Rewrite the frame at data into a reply of `kind` (a constant per call site, like ipv6, so every
  * offset is fixed) for dqpn: PSN, AETH syndrome and MSN, and for an atomic ACK the original
- * value. Fills the ICRC using T and s; returns the new frame length, 0 if the frame is short. */
+ * value. Fills the ICRC using T and s, and the UDP checksum over IPv6 or when csum is set (the
+ * QP negotiated CSUM, INT-2); returns the new frame length, 0 if the frame is short. */
 static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, int kind,
                                          __u32 dqpn, __u32 psn, __u8 syndrome, __u32 msn,
                                          __u64 orig, const struct reply_ext *x,
-                                         const struct crc_tables *T, struct icrc_scratch *s)
+                                         const struct crc_tables *T, struct icrc_scratch *s,
+                                         int csum)
 {
     const __u32 hlen = ipv6 ? 40 : 20, L4 = REPLY_L4(kind);
     const __u32 l3 = sizeof(struct ethhdr), l4 = l3 + hlen, bth = l4 + 8;
@@ -205,8 +207,9 @@ static __always_inline __u32 build_reply(void *data, void *data_end, int ipv6, i
     p[icrc + 1] = crc >> 8;
     p[icrc + 2] = crc >> 16;
     p[icrc + 3] = crc >> 24;
-    if (ipv6) {    /* IPv6 requires the UDP checksum */
-        __u32 sum = sum16(p + l3 + 8, 16) + L4 + IPPROTO_UDP + sum16(p + l4, L4 / 2);
+    if (ipv6 || csum) {    /* IPv6 requires the UDP checksum; a CSUM QP's peer checks it */
+        __u32 sum = (ipv6 ? sum16(p + l3 + 8, 16) : sum16(p + l3 + 12, 4)) + L4 + IPPROTO_UDP +
+                    sum16(p + l4, L4 / 2);
         __u16 c = csum_fold(sum);
         if (c == 0)
             c = 0xffff;

@@ -76,7 +76,7 @@ struct nic_qp {
     __u32 rq_entries; /* slots of its receive queue ring (a power of two; 0: none) */
     __u32 sq_slot;    /* its entry in sq_psns: the next PSN its requester sends */
     __u32 sq_open;    /* 1: its requester side is open (sq_psns[sq_slot] is valid) */
-    __u32 pad2;
+    __u32 integrity;  /* INT_ICRC or INT_CSUM: the check its packets pass (INT-1) */
 };
 
 /* A receive WQE as the program uses it: copied out of the owner's ring (rqs) first, because the

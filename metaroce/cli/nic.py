@@ -36,10 +36,18 @@ def _dev(dev, netns):
                    "[default: the interface's speed, else 10gbit].")
 @click.option("--credit-rtt-us", type=finite(1, 1e6), default=500.0, show_default=True,
               help="Base round trip the credit BDP is computed with.")
+@click.option("--integrity", type=click.Choice(["icrc", "csum"]), default="icrc",
+              show_default=True,
+              help="The cheapest end-to-end check this device accepts on MetaRoCE connections "
+                   "(spec 5.9): icrc, the RoCEv2 ICRC (CRC-32) only; csum, also the IPv4/UDP "
+                   "checksums in its place (about a quarter of the receive cost), used when "
+                   "the peer's device accepts them too. Compat connections always check the "
+                   "ICRC.")
 @click.option("--config", "config_path", default=None,
               help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
 @json_option
-def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_path, as_json):
+def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, integrity, config_path,
+       as_json):
     """Turn DEV into a MetaRoCE RDMA device (XDP NIC + daemon)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
@@ -61,7 +69,7 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_p
         if pid:
             raise MetaroceError(d.already_running(did, pid))
         d.clean_stale(did)
-        dm = d.Daemon(did, mode, cfg)
+        dm = d.Daemon(did, mode, cfg, integrity)
         if as_json:
             emit_json(dm.status())
         log(f"metaroce: {did.where()} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
@@ -69,7 +77,7 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, config_p
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
         return 0
-    st = d.start_background(did, mode, cfg)
+    st = d.start_background(did, mode, cfg, integrity)
     if as_json:
         emit_json(st)
     else:
@@ -106,7 +114,8 @@ def status(dev, netns, as_json):
     if as_json:
         emit_json(st)
         return
-    click.echo(f"{st['dev']}: mode {st['mode']}, XDP {st['xdp_mode']} ({st['xdp_mode_reason']}), "
+    click.echo(f"{st['dev']}: mode {st['mode']}, integrity {st.get('integrity', 'icrc')}, "
+               f"XDP {st['xdp_mode']} ({st['xdp_mode_reason']}), "
                f"pid {st['pid']}, up {st['uptime_s']:.0f} s, {st['mrs']} MRs")
     for k, v in st["counters"].items():
         click.echo(f"  {k:<20} {v}")

@@ -34,13 +34,15 @@ def _local_ip(qp: QP, family: int) -> str:
 
 
 class Connection:
-    """A connected RC QP and its side channel. `mode` is "metaroce" or "roce"; `remote` holds
-    the peer's qpn, psn, ip and mtu; `private_data` is what the peer sent."""
+    """A connected RC QP and its side channel. `mode` is "metaroce" or "roce"; `integrity` the
+    end-to-end check its packets pass ("icrc", or "csum" when both devices accepted CSUM);
+    `remote` holds the peer's qpn, psn, ip and mtu; `private_data` is what the peer sent."""
 
     def __init__(self, ctx: Context, qp: QP, channel: Channel, mode: str, caps: int,
                  remote: dict, private_data: bytes, txn_id: int):
         self.ctx, self.qp, self.channel = ctx, qp, channel
         self.mode, self.caps, self.remote = mode, caps, remote
+        self.integrity = N.integrity_of(caps)      # INT-1: "csum" or "icrc"
         self.private_data, self.txn_id = private_data, txn_id
         self.closed = False
 
@@ -105,11 +107,13 @@ def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict,
 def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
             recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
             mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
-            paths: int | None = None, **attr) -> Connection:
+            paths: int | None = None, integrity: str | None = None, **attr) -> Connection:
     """Connect to a listener at ip:port. mode: what to ask for (default: what the device
     offers); mandatory: fail instead of falling back to RoCEv2 (CM-6); paths: how many paths
     (UDP source ports) a MetaRoCE connection may spray over (MP-1; default 4, 0: one fixed
-    port, no MULTIPATH)."""
+    port, no MULTIPATH); integrity: "icrc" keeps the ICRC even where both devices accept the
+    checksums, "csum" (or None, the default) offers CSUM when this device accepts it (INT-1:
+    the connection takes it only when the peer's does too)."""
     try:
         paths = N.local_paths(paths)
     except ValueError as exc:
@@ -118,7 +122,9 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         family = _family(ip)
     except ValueError:
         raise CmError(f"{ip!r} is not an IP address") from None
-    device_mode = ctx.query_device()["mode"]
+    dev = ctx.query_device()
+    device_mode = dev["mode"]
+    offer_int = _integrity_offer(dev, integrity)
     want = mode or device_mode
     if want not in ("roce", "metaroce"):
         raise CmError(f"mode must be roce or metaroce, not {want!r}")
@@ -150,7 +156,7 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
     try:
         local_mtu = ctx.query_device()["max_pmtu"]
         txn = secrets.randbits(32)
-        req = _request(qp, txn, N.offer(want, paths), local_mtu,
+        req = _request(qp, txn, N.offer(want, paths, offer_int), local_mtu,
                        N.gid_of(_local_ip(qp, family)), attr, paths)
         ch.send(req, private_data)
         try:
@@ -188,7 +194,7 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         remote = {"qpn": rep.qpn, "psn": rep.start_psn, "ip": N.ip_of(rep.gid),
                   "mtu": N.path_mtu(local_mtu, rep.mtu), "mode": got_mode}
         qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
-                   rnr_retry=attr.get("rnr_retry", 7),
+                   rnr_retry=attr.get("rnr_retry", 7), integrity=N.integrity_of(caps),
                    paths=N.paths_of(caps, req.max_paths, rep.max_paths))
         ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn))
         return Connection(ctx, qp, ch, got_mode, caps, remote, private, txn)
@@ -196,6 +202,15 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         ch.close()
         qp.close()
         raise
+
+
+def _integrity_offer(dev: dict, asked: str | None) -> str:
+    """What this end offers or accepts (INT-1): the checksums only when its device accepts
+    them and the application did not ask for the ICRC."""
+    if asked not in (None, "icrc", "csum"):
+        raise CmError(f"integrity must be icrc or csum, not {asked!r}")
+    device = dev.get("integrity", "icrc")
+    return "csum" if device == "csum" and asked != "icrc" else "icrc"
 
 
 def _reject(ch: Channel, req: CMETH | dict, reason: int) -> None:
@@ -230,9 +245,11 @@ class Listener:
 
     def accept(self, *, pd: PD, send_cq: CQ, recv_cq: CQ | None = None,
                cap: QPCap | None = None, private_data: bytes = b"", timeout_s: float | None = None,
-               allow_metaroce: bool = True, paths: int | None = None, **attr) -> Connection:
+               allow_metaroce: bool = True, paths: int | None = None,
+               integrity: str | None = None, **attr) -> Connection:
         """One connection; paths: the most paths this end sprays over (MP-1; default 4, 0
-        refuses MULTIPATH)."""
+        refuses MULTIPATH); integrity: "icrc" refuses CSUM even where this device accepts it
+        (None: the device's choice, INT-1)."""
         try:
             paths = N.local_paths(paths)
         except ValueError as exc:
@@ -260,9 +277,10 @@ class Listener:
             req, private = got
             if req.cm_type != C.CmType.CONNECT_REQ:
                 raise CmError(f"{peer} sent CM type {req.cm_type} instead of CONNECT_REQ")
-            device_mode = self.ctx.query_device()["mode"]
+            dev = self.ctx.query_device()
             try:
-                caps = N.accept(req, device_mode, allow_metaroce)
+                caps = N.accept(req, dev["mode"], allow_metaroce,
+                                integrity=_integrity_offer(dev, integrity))
                 if not paths:
                     caps &= ~C.Cap.MULTIPATH
             except N.Rejected as exc:
@@ -281,6 +299,7 @@ class Listener:
             my_paths = min(paths, req.max_paths) if caps & C.Cap.MULTIPATH else 1
             qp.connect(remote, timeout=attr.get("timeout", 14),
                        retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7),
+                       integrity=N.integrity_of(caps),
                        paths=N.paths_of(caps, req.max_paths, my_paths))
             rep = CMETH(cm_type=C.CmType.CONNECT_REP, txn_id=req.txn_id, qpn=qp.qp_num,
                         start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=my_paths,

@@ -51,6 +51,7 @@ class Endpoint:
     tester_psn: int = 0       # the first PSN the DUT expects from the tester (its ePSN)
     window: int | None = None  # MetaRoCE receive window W (SACK-1), when known
     handle: object = None
+    integrity: str = "icrc"   # the connection's end-to-end check: "icrc", or "csum" (INT-1)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class ReferenceAdapter(Adapter):
 
     name = "reference"
     caps = frozenset({"memory", "recv", "post_send", "counters", "fresh", "psn"})
-    claims = ("compat", "base", "multipath")     # what its CM offers and accepts (spec 12.4)
+    claims = ("compat", "base", "multipath", "csum")   # what its CM offers and accepts (12.4)
 
     def __init__(self, mode: str, lab: str | None = None, defines: dict | None = None,
                  mr_bytes: int = 1 << 20):
@@ -118,6 +119,8 @@ class ReferenceAdapter(Adapter):
         self.dev = None
         self._eps: list = []
         self._shared: Endpoint | None = None
+        if mode == "metaroce":      # its daemon accepts CSUM: connections may ask for it
+            self.caps = self.caps | {"csum"}
 
     def open(self) -> TesterSide:
         from ..lab import core  # noqa: PLC0415
@@ -139,7 +142,8 @@ class ReferenceAdapter(Adapter):
             os.environ["METAROCE_BPF_DEFINES"] = ",".join(f"{k}={v}" for k, v in
                                                           self.defines.items())
             try:
-                d.start_background(self.dev, self.mode)
+                d.start_background(self.dev, self.mode, integrity="csum"
+                                   if self.mode == "metaroce" else "icrc")
             finally:
                 if old is None:
                     os.environ.pop("METAROCE_BPF_DEFINES", None)
@@ -178,7 +182,7 @@ class ReferenceAdapter(Adapter):
                 self.lab_name = None
 
     def endpoint(self, *, fresh: bool = False, access: int = ALL_ACCESS,
-                 tester_psn: int | None = None) -> Endpoint:
+                 tester_psn: int | None = None, integrity: str = "icrc") -> Endpoint:
         from ..verbs import CQ, MR, PD, QP, QPInitAttr  # noqa: PLC0415
         pd = PD(self.ctx)
         mr = MR(pd, self.mr_bytes, access)
@@ -187,7 +191,7 @@ class ReferenceAdapter(Adapter):
         tqpn = secrets.randbelow((1 << 24) - 2) + 2
         tpsn = secrets.randbits(24) if tester_psn is None else tester_psn
         rep = qp.connect({"qpn": tqpn, "psn": tpsn, "ip": self.side.ip, "mtu": 1024,
-                          "mode": self.mode})
+                          "mode": self.mode, "integrity": integrity})
         # a scratch region for what the DUT's own requests read into
         local = MR(pd, 1 << 16, ALL_ACCESS)
         self._eps.append((local, mr, qp))
@@ -195,7 +199,8 @@ class ReferenceAdapter(Adapter):
                         mtu=rep["mtu"], rkey=mr.rkey, addr=mr.addr, length=mr.length,
                         mode=rep["mode"], access=access, tester_qpn=tqpn, tester_psn=tpsn,
                         window=128 if rep["mode"] == "metaroce" else None,
-                        handle={"qp": qp, "mr": mr, "cq": cq, "local": local})
+                        handle={"qp": qp, "mr": mr, "cq": cq, "local": local},
+                        integrity=rep.get("integrity", "icrc"))
 
     # beyond the wire
     def read_mem(self, ep, offset, length):
@@ -208,7 +213,7 @@ class ReferenceAdapter(Adapter):
         c = self.ctx.status()["counters"]
         keep = ("malformed", "unknown_qp", "bad_opcode_seq", "unsupported_opcode", "bad_icrc",
                 "wrong_source", "wrong_mode", "beyond_window", "psn_out_of_order", "qp_error",
-                "bad_pkey")
+                "bad_pkey", "bad_csum")
         return {k: c.get(k, 0) for k in keep}
 
     def qp_info(self, ep) -> dict:

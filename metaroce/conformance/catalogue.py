@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..wire import consts as C
 from ..wire.consts import Opcode as O
 from ..wire.headers import AETH, IETH, PETH, RETH, SACKETH
+from ..wire.packet import udp_checksum_ok
 from .adapters import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ALL_ACCESS
 from .tester import (READ_RESP, SILENCE_S, Skip, check, describe, fix_ipv4_checksum,
                      is_ack_like, is_nak, is_plain_ack, is_rnr, psn_add, reicrc, syndrome)
@@ -38,6 +39,7 @@ GROUPS = {
     "cc": "Congestion notification (COMPAT-4, COMPAT-7, CC-7, CC-14, HDR-11, HDR-12, WIRE-8)",
     "neg": "Negotiated mode: opcode spaces, registries, reserved bits (COMPAT-1, CM-7, EXT-1, EXT-2, EXT-6, REG-1, VER-3)",
     "mp": "Multipath and reordering in MetaRoCE mode (SACK-1, PLACE-1..5, MP-2, WIRE-16, SM-5)",
+    "int": "Negotiated integrity: the IPv4/UDP checksums in place of the ICRC (INT-1..3, option CSUM)",
     "req": "The DUT as requester (SEQ-1, RESP-1, COMPAT-3, SACK-4, SACK-10, RESP-12, WIRE-2, SM-2, SM-4, EM-2)",
 }
 
@@ -1232,6 +1234,48 @@ def t_req_rnr(t):
     peer.send(peer.ack_frame(p, msn=1))
     wcs = t.adapter.completions(peer.ep, 1)
     check(wcs[0].wr_id == 7 and wcs[0].status == 0, "RESP-6", f"completion {wcs[0]}")
+
+
+# ---- negotiated integrity (option CSUM) -----------------------------------------------------
+
+@case("int.csum", "INT-3 INT-2 INT-1 ICRC-1 ERR-2", modes=MR)
+def t_csum(t):
+    """On a connection that negotiated CSUM the IPv4/UDP checksums are checked in place of the
+    ICRC: a valid WRITE is placed and acknowledged by packets that carry both checksums and the
+    ICRC; a flipped payload bit (ICRC recomputed, so only the checksum can catch it), a zero
+    UDP checksum and a wrong IPv4 header checksum are each discarded, write nothing and change
+    no state."""
+    peer = t.peer(csum=True)
+    mark = len(t.wire.log)
+    data = pattern(64, 11)
+    peer.write(1024, data, clause="INT-3")
+    check(dut_bytes(t, peer, 1024, 64) == data, "INT-3", "a valid WRITE on a CSUM connection "
+          "was not placed")
+    for s in t.wire.log[mark:]:
+        check(udp_checksum_ok(s.raw) is True, "INT-2", f"the DUT sent opcode "
+              f"0x{s.pkt.bth.opcode:02x} on a CSUM connection without valid IPv4/UDP checksums")
+
+    def flipped():                  # the ICRC follows the flip: only the checksum can see it
+        [f], _ = _probe_write(t, peer)
+        b = bytearray(f)
+        b[-10] ^= 0x01
+        return reicrc(bytes(b))
+    _silent_drop(t, peer, flipped, "INT-3", "WRITE with a payload bit flipped (ICRC valid)")
+
+    def no_checksum():
+        [f], _ = _probe_write(t, peer)
+        b = bytearray(f)
+        b[14 + 20 + 6:14 + 20 + 8] = b"\0\0"
+        return bytes(b)
+    if not peer.ep.ip.count(":"):
+        _silent_drop(t, peer, no_checksum, "INT-3", "WRITE without a UDP checksum")
+
+        def bad_ip_header():        # TTL changed without fixing the header checksum
+            [f], _ = _probe_write(t, peer)
+            b = bytearray(f)
+            b[14 + 8] ^= 0x01
+            return bytes(b)
+        _silent_drop(t, peer, bad_ip_header, "INT-3", "WRITE with a wrong IPv4 header checksum")
 
 
 # ---- the whole run's capture (runs last) -----------------------------------------------------

@@ -55,6 +55,7 @@ NOT_TESTABLE = {
     "SACK-12": _CC + " (READ responses reordered and lost across the responder's paths)",
     "CC-10": _CC + " (credit statements during an incast)", "CC-11": _CC + " (SACK hold times)",
     "CC-13": "needs the CNP_EXT capability, negotiated through connection management",
+    "INT-5": _INSPECT + " (the device's counters: metaroce stats)",
     "SM-6": _CC + " (a receiver's credit states during an incast)",
     "RTO-4": "timer behaviour of the DUT's requester over seconds of silence (timeout 0)",
     "PLACE-7": "needs an SRQ, which the adapters do not create",

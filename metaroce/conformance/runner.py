@@ -80,11 +80,22 @@ class Context:
         self.notes.append(text)
 
     def peer(self, *, fresh: bool = False, access: int = ALL_ACCESS,
-             tester_psn: int | None = None) -> Peer:
-        ep = self.adapter.endpoint(fresh=fresh, access=access, tester_psn=tester_psn)
+             tester_psn: int | None = None, csum: bool = False) -> Peer:
+        """A DUT endpoint and the tester's side of it; csum: a connection that negotiated the
+        option CSUM (INT-1), whose packets carry and are checked by the IPv4/UDP checksums."""
+        if csum:
+            self.adapter.need("csum", "connect a QP with the option CSUM (its device must be "
+                                      "configured to accept it, INT-1)")
+            ep = self.adapter.endpoint(fresh=True, access=access, tester_psn=tester_psn,
+                                       integrity="csum")
+            if getattr(ep, "integrity", "icrc") != "csum":
+                raise Skip("the DUT connected without CSUM (INT-1)")
+        else:
+            ep = self.adapter.endpoint(fresh=fresh, access=access, tester_psn=tester_psn)
         p = self._peers.get(ep.qpn)
         if p is None or p.ep is not ep:
-            p = Peer(self.wire, ep, self.side.mac, self.side.ip, self.metaroce)
+            p = Peer(self.wire, ep, self.side.mac, self.side.ip, self.metaroce,
+                     csum=getattr(ep, "integrity", "icrc") == "csum")
             self._peers[ep.qpn] = p
         self.touched.append(p)
         return p

@@ -41,6 +41,8 @@ MUTANTS = (
            "memory region access flags are not enforced"),
     Mutant("MUTANT_ERR_NOT_STICKY", "roce", "QP-1", "access.rkey",
            "a QP in ERR keeps processing requests"),
+    Mutant("MUTANT_SKIP_CSUM", "metaroce", "INT-3", "int.csum",
+           "the IPv4/UDP checksums of a connection that negotiated CSUM are not verified"),
 )
 
 

@@ -258,6 +258,7 @@ class Peer:
     ts: int = 1000
     broken: bool = False             # the QP was driven to ERR
     extra: dict = field(default_factory=dict)
+    csum: bool = False               # the connection negotiated CSUM: UDP checksums (INT-2)
 
     def __post_init__(self):
         self.psn = self.ep.tester_psn
@@ -290,7 +291,8 @@ class Peer:
                   psn=psn & C.PSN_MASK, ack_req=ack_req, **bth_kw)
         pkt = RocePacket(ip=self.ip(**(ip_kw or {})), bth=bth, headers=hdrs, payload=payload,
                          udp=UDP(sport=self.sport if sport is None else sport),
-                         eth=Ethernet(dst=self.ep.mac, src=self.my_mac))
+                         eth=Ethernet(dst=self.ep.mac, src=self.my_mac),
+                         udp_checksum=self.csum)
         return pkt.to_bytes()
 
     def write_frames(self, va: int, data: bytes, *, rkey=None, psn=None, ack=True, imm=None,
@@ -362,7 +364,8 @@ class Peer:
         bth = BTH(opcode=O.CNP, dest_qp=self.ep.qpn, psn=0, becn=1, pkey=pkey)
         return RocePacket(ip=self.ip(ecn=0), bth=bth, headers=(CNPPad(),),
                           udp=UDP(sport=self.sport),
-                          eth=Ethernet(dst=self.ep.mac, src=self.my_mac)).to_bytes()
+                          eth=Ethernet(dst=self.ep.mac, src=self.my_mac),
+                          udp_checksum=self.csum).to_bytes()
 
     def ack_frame(self, psn: int, syn: int = 0x1F, msn: int = 0) -> bytes:
         """An ACK (compat) or MR_SACK (MetaRoCE) the tester sends as the DUT's responder."""

@@ -22,7 +22,8 @@ struct mr_roce_flow {
     uint8_t ipv6;          /* 0: IPv4, 1: IPv6 */
     uint8_t tos;           /* DSCP << 2 | ECN */
     uint8_t ttl;
-    uint8_t pad;
+    uint8_t csum;          /* 1: a UDP checksum over IPv4 too (the QP negotiated CSUM, INT-2);
+                            * over IPv6 it is always filled */
     uint8_t src_ip[16];    /* IPv4 uses the first 4 bytes */
     uint8_t dst_ip[16];
     uint16_t sport;        /* UDP source port: the flow's entropy (one path) */
@@ -129,5 +130,9 @@ uint32_t mr_send_pkts(struct mr_xsk *x, struct mr_roce_flow *const *flows, const
 
 /* The RoCEv2 ICRC of a complete frame (Ethernet header first, ICRC field last). */
 uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len);
+
+/* The 16-bit ones' complement sum (RFC 1071) of n bytes at p added to seed, folded to 16 bits,
+ * in network byte order as a number (0x0000 .. 0xFFFF; not complemented). */
+uint32_t mr_csum16(const uint8_t *p, uint32_t n, uint32_t seed);
 
 #endif

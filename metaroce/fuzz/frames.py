@@ -65,20 +65,48 @@ def assemble(v6: bool, opcode: int, qpn: int, psn: int, hdrs: bytes, payload: by
     frame = bytearray(eth + ip + udp + body + b"\0\0\0\0")
     if icrc:
         fix_icrc(frame)
-    if v6:
-        _fix_udp6(frame)
+    elif v6:
+        fix_udp(frame)
     return frame
 
 
-def _fix_udp6(frame: bytearray) -> None:
-    """The IPv6 UDP checksum (the NIC does not check it; a real receiver's stack would)."""
-    seg = frame[ETH_LEN + IP6_LEN:]
-    if len(seg) < UDP_LEN:
-        return
+def fix_udp(frame: bytearray) -> bool:
+    """The UDP checksum over what the UDP length field covers (IPv4 or IPv6): what a QP that
+    negotiated CSUM checks (INT-3; QPs with the ICRC ignore it, WIRE-15). False if the frame
+    has no such place."""
+    b = l4_bounds(frame)
+    if b is None:
+        return False
+    ver, bth, end = b
+    udp = bth - UDP_LEN
+    seg = bytearray(frame[udp:end])
     seg[6:8] = b"\0\0"
-    pseudo = bytes(frame[22:54]) + struct.pack("!IxxxB", len(seg), C.IPPROTO_UDP)
-    frame[ETH_LEN + IP6_LEN + 6:ETH_LEN + IP6_LEN + 8] = \
-        (inet_checksum(pseudo + bytes(seg)) or 0xFFFF).to_bytes(2, "big")
+    if ver == 6:
+        pseudo = bytes(frame[22:54]) + struct.pack("!IxxxB", len(seg), C.IPPROTO_UDP)
+    else:
+        pseudo = bytes(frame[26:34]) + struct.pack("!xBH", C.IPPROTO_UDP, len(seg))
+    frame[udp + 6:udp + 8] = (inet_checksum(pseudo + bytes(seg)) or 0xFFFF).to_bytes(2, "big")
+    return True
+
+
+def udp_valid(frame) -> bool:
+    """True if the frame's UDP checksum (non-zero, where its UDP length puts the datagram's
+    end) and, over IPv4, its header checksum are right."""
+    b = l4_bounds(frame)
+    if b is None:
+        return False
+    ver, bth, end = b
+    udp = bth - UDP_LEN
+    if frame[udp + 6:udp + 8] == b"\0\0":
+        return False
+    if ver == 6:
+        pseudo = bytes(frame[22:54]) + struct.pack("!IxxxB", end - udp, C.IPPROTO_UDP)
+    else:
+        ihl = (frame[14] & 0x0F) * 4
+        if inet_checksum(bytes(frame[14:14 + ihl])) != 0:
+            return False
+        pseudo = bytes(frame[26:34]) + struct.pack("!xBH", C.IPPROTO_UDP, end - udp)
+    return inet_checksum(pseudo + bytes(frame[udp:end])) == 0
 
 
 def l4_bounds(frame) -> tuple[int, int, int] | None:
@@ -107,7 +135,8 @@ def l4_bounds(frame) -> tuple[int, int, int] | None:
 
 def fix_icrc(frame: bytearray) -> bool:
     """Recompute the ICRC where a receiver looks for it (the UDP length field says where the
-    transport ends), and the IPv4 header checksum. False if the frame has no such place."""
+    transport ends), the IPv4 header checksum and then the UDP checksum (so the frame passes a
+    CSUM QP's check too, INT-3). False if the frame has no such place."""
     b = l4_bounds(frame)
     if b is None:
         return False
@@ -122,6 +151,7 @@ def fix_icrc(frame: bytearray) -> bool:
     except (ValueError, IndexError):
         return False
     frame[end - ICRC_LEN:end] = crc.to_bytes(4, "little")
+    fix_udp(frame)
     return True
 
 

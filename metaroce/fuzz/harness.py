@@ -46,7 +46,7 @@ ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMI
 ACCEPT_REASONS = ("placed", "read_request", "atomic", "ack", "cnp", "received", "executed")
 # the checks behind the ICRC (and the ICRC itself): each must be reached, many times
 DEEP_REASONS = ("bad_rkey", "mr_bounds", "mr_access", "psn_out_of_order", "bad_opcode_seq",
-                "bad_icrc", "malformed", "invalid_request", "rnr", "wrong_source", "qp_error",
+                "bad_icrc", "bad_csum", "malformed", "invalid_request", "rnr", "wrong_source", "qp_error",
                 "duplicate", "unexpected_response")
 # (length, pd, access): lengths that are not multiples of the chunk leave guard bytes in the map
 REGIONS = ((3 * MR_CHUNK + 1000, 1, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
@@ -60,6 +60,8 @@ REGIONS = ((3 * MR_CHUNK + 1000, 1, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
 # a QP whose PD owns no region
 QPS = ((0x000011, 1, 100, 0x000101, None), (0x000012, 2, 0xFFFFF0, 0x000102, None),
        (0x000013, 1, 0, 0x000103, F.V4_SRC), (0x000014, 4, 0x7FFFFF, 0x000104, None))
+# QPs that negotiated CSUM (spec 5.7): the IPv4/UDP checksums are their check, not the ICRC
+CSUM_QPS = frozenset({0x000012})
 # receive buffers (region index, offset, length), used in turn by each QP's receive WQEs:
 # good ones, one straddling a chunk edge, one running past its region, one in a region without
 # local-write access, one in another PD's region
@@ -229,7 +231,7 @@ class FastPathFuzzer:
         q = self.qps[qpn]
         q.rd_head = 0
         self.rx.set_qp(qpn, q.epsn, q.pd, q.dqpn, pmtu=self.pmtu, sq_psn=q.una,
-                       peer_ip=self.peer[qpn])
+                       peer_ip=self.peer[qpn], integrity=1 if qpn in CSUM_QPS else 0)
         q.sq_psn = (q.una + SQ_SPAN) & C.PSN_MASK
         self.rx.set_sq_psn(qpn, q.sq_psn)
         self.open_write.pop(qpn, None)
@@ -412,7 +414,7 @@ class FastPathFuzzer:
                 self.txc.read
             not_roce = reasons.index("not_roce")
             fatal_tx = frozenset(i for i, n in enumerate(txnames) if n in FATAL_TX)
-            bth_fields, icrc_valid = F.bth_fields, F.icrc_valid
+            bth_fields, icrc_valid, udp_valid = F.bth_fields, F.icrc_valid, F.udp_valid
             qps = self.qps
             rng = range(nr)
             lazy_qp = QPS[-1][0]                # left in ERR for a while after a fatal NAK
@@ -476,6 +478,12 @@ class FastPathFuzzer:
                     if not icrc_valid(out):
                         st["bad_replies"] += 1
                         self._fail(st, f"reply with a bad ICRC: {out.hex()[:160]}")
+                    else:
+                        to = bth_fields(frame)
+                        if to is not None and to[2] in CSUM_QPS and not udp_valid(out):
+                            st["bad_replies"] += 1    # INT-2: a CSUM QP's replies carry both
+                            self._fail(st, f"a CSUM QP's reply without valid IPv4/UDP "
+                                           f"checksums: {out.hex()[:160]}")
                 elif rc == XDP_PASS:
                     if reason != not_roce:
                         st["pass_mismatch"] += 1

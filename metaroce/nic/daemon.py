@@ -34,7 +34,7 @@ from . import xdpslot
 from .clients import MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, Connection
 from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
-from .device import DEVICE_LIMITS, Device
+from .device import DEVICE_LIMITS, INTEGRITY, Device
 from .endpoints import Endpoints
 from .rx import RxPath
 
@@ -114,9 +114,13 @@ def parse_request(line: bytes) -> tuple[dict, str | None]:
 class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
-    def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None):
+    def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
+                 integrity: str = "icrc"):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
+        if integrity not in INTEGRITY:
+            raise MetaroceError(f"--integrity must be {' or '.join(INTEGRITY)}")
+        self.integrity = integrity
         if credits is not None:
             credits.validate()          # before anything is attached
         self.dev, self.mode = dev, mode
@@ -147,7 +151,7 @@ class Daemon:
             if credits.link_rate_bps is None:
                 credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
             credits.pmtu = min(4096, 1 << (max(256, mtu - 100).bit_length() - 1))
-        self.device = Device(self.rx, self.ifindex, mode, credits)
+        self.device = Device(self.rx, self.ifindex, mode, credits, self.integrity)
         os.makedirs(RUN_DIR, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -169,8 +173,8 @@ class Daemon:
 
     def status(self) -> dict:
         return {**self.dev.describe(), "pid": os.getpid(),
-                "mode": self.mode, "xdp_mode": self.xdp_mode, "xdp_mode_reason": self.xdp_why,
-                "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
+                "mode": self.mode, "integrity": self.integrity, "xdp_mode": self.xdp_mode,
+                "xdp_mode_reason": self.xdp_why, "uptime_s": round(time.time() - self.started, 3), "mrs": len(self.rx.mrs),
                 "bpf_build": self.rx.build_info,
                 "counters": self.rx.counters(), "events": self.rx.event_counters(),
                 "port": self.rx.port_counters(),
@@ -203,7 +207,8 @@ class Daemon:
         if op == "list_endpoints":
             return {"endpoints": self.persistent.describe(d)}, []
         if op == "query_device":
-            return {"limits": DEVICE_LIMITS, "mode": self.mode, "xdp_mode": self.xdp_mode,
+            return {"limits": DEVICE_LIMITS, "mode": self.mode, "integrity": self.integrity,
+                    "xdp_mode": self.xdp_mode,
                     "max_pmtu": d.max_pmtu(), "node_guid": f"{self.ifindex:016x}"}, []
         if op == "alloc_pd":
             return {"pd": d.alloc_pd(conn)}, []
@@ -503,12 +508,15 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
     return rep, list(fds)
 
 
-def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None) -> dict:
+def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
+                     integrity: str = "icrc") -> dict:
     """Start a daemon for dev in a process of its own (a fresh interpreter: see
     daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
     not), return its status."""
     if credits is not None:
         credits.validate()              # a NaN never reaches the daemon's command line
+    if integrity not in INTEGRITY:
+        raise MetaroceError(f"--integrity must be {' or '.join(INTEGRITY)}")
     pid = running_pid(dev)
     if pid:
         raise MetaroceError(already_running(dev, pid))
@@ -516,7 +524,8 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
     os.makedirs(RUN_DIR, exist_ok=True)
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "metaroce.nic.daemon_proc", "--dev", dev.dev,
-           "--netns-inode", str(dev.inode), "--mode", mode, "--ready-fd", str(wfd)]
+           "--netns-inode", str(dev.inode), "--mode", mode, "--integrity", integrity,
+           "--ready-fd", str(wfd)]
     if dev.netns is not None:
         cmd += ["--netns", dev.netns]
     if credits is not None:

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--netns-inode", type=int, required=True)
     ap.add_argument("--mode", default="roce")
     ap.add_argument("--credits", default=None, help="CreditConfig fields as JSON")
+    ap.add_argument("--integrity", default="icrc")
     ap.add_argument("--ready-fd", type=int, required=True)
     a = ap.parse_args(argv)
     wfd = a.ready_fd
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         from .devid import DeviceId  # noqa: PLC0415
         dev = DeviceId(a.dev, a.netns, a.netns_inode)
         credits = CreditConfig(**json.loads(a.credits)) if a.credits else None
-        dm = Daemon(dev, a.mode, credits)
+        dm = Daemon(dev, a.mode, credits, a.integrity)
     except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
         traceback.print_exc()
         os.write(wfd, f"error: {exc}".encode())

@@ -30,6 +30,11 @@ MAX_PATHS = 8            # MetaRoCE entropy values a QP sprays over (MP-1)
 WINDOW_PKTS = 1024       # request packets in flight per QP (compat: the go-back-N window)
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
 MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
+# the end-to-end checks a device may accept for its MetaRoCE connections, strongest first (spec
+# 5.9): the RoCEv2 ICRC always; the IPv4 header and UDP checksums in its place only when both
+# devices accept them (INT-1: the strongest check both ends offer is the connection's)
+INTEGRITY = ("icrc", "csum")
+INT_ICRC, INT_CSUM = 0, 1    # nic_qp.integrity (bpf/nic/nic_consts.h)
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
                  "max_cqe": MAX_CQE, "max_qp_wr": 4096, "max_sge": MAX_SGE, "max_qp_rd_atom": RD_DEPTH,
                  "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
@@ -80,14 +85,17 @@ class Qp:
         self.pmtu = 1024
         self.metaroce = False
         self.paths = 1
+        self.integrity = "icrc"
 
 
 class Device:
     """PDs, MRs, CQs and QPs of every connection of one daemon, and the data path thread that
     moves their work requests."""
 
-    def __init__(self, rx: RxPath, ifindex: int, mode: str, credits: CreditConfig | None = None):
+    def __init__(self, rx: RxPath, ifindex: int, mode: str, credits: CreditConfig | None = None,
+                 integrity: str = "icrc"):
         self.rx, self.ifindex, self.mode = rx, ifindex, mode
+        self.integrity = integrity     # the cheapest check this device accepts (INTEGRITY)
         self.credits = CreditGranter(rx, credits) if credits and mode == "metaroce" else None
         mod = _lib()
         self.ffi, self.c = mod.ffi, mod.lib
@@ -249,7 +257,7 @@ class Device:
         addrs = neigh.local_addresses(self.ifindex)
         return {"qpn": qp.qpn, "psn": qp.sq_psn, "gid": addrs[0] if addrs else None,
                 "addrs": addrs, "mac": neigh.local_mac(self.ifindex), "mtu": qp.pmtu,
-                "state": qp.state, "mode": self.mode}
+                "state": qp.state, "mode": self.mode, "integrity": self.integrity}
 
     def connect_qp(self, qp: Qp, remote: dict, attr: dict) -> dict:
         """RTR + RTS from the peer's attributes (qpn, psn, ip; mtu optional)."""
@@ -267,6 +275,12 @@ class Device:
         # MetaRoCE only when this device offers it and the peer asks for it (CM-5);
         # anything else gets plain RoCEv2 behaviour
         metaroce = self.mode == "metaroce" and want == "metaroce"
+        # INT-1: the UDP checksum in place of the ICRC only on a MetaRoCE connection whose two
+        # devices both accept it; the ICRC otherwise (and always in compat mode)
+        want_int = str(attr.get("integrity", remote.get("integrity", "icrc")))
+        if want_int not in INTEGRITY:
+            raise MetaroceError(f"integrity must be {' or '.join(INTEGRITY)}, not {want_int!r}")
+        csum = metaroce and self.integrity == "csum" and want_int == "csum"
         pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)), self.max_pmtu())
         if pmtu not in (256, 512, 1024, 2048, 4096):
             raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)")
@@ -283,10 +297,13 @@ class Device:
             raise MetaroceError(f"remote ip {rip!r} is not an IP address") from None
         path = neigh.resolve(rip, self.ifindex)
         qp.pmtu, qp.metaroce, qp.paths = pmtu, metaroce, max(1, npaths)
+        qp.integrity = "csum" if csum else "icrc"
         flow = self._flow(path, rip, rqpn)
+        flow.csum = int(csum)
         qp.remote = {"qpn": rqpn, "psn": rpsn, "ip": rip, "mac": path.dmac, "mtu": pmtu}
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
-                       rnr_timer=min_rnr, metaroce=metaroce)
+                       rnr_timer=min_rnr, metaroce=metaroce,
+                       integrity=INT_CSUM if csum else INT_ICRC)
         window = MR_WINDOW_PKTS if metaroce else WINDOW_PKTS
         try:
             self.dp.qp_connect(
@@ -302,7 +319,7 @@ class Device:
             raise
         qp.state = "RTS"
         return {"qpn": qp.qpn, "state": qp.state, "path": path.__dict__, "mtu": pmtu,
-                "mode": self.qp_mode(qp)}
+                "mode": self.qp_mode(qp), "integrity": qp.integrity}
 
     def _flow(self, path, dst_ip: str, dqpn: int):
         """The header template of a QP's packets (DSCP 26 / ECT(0), TTL 64, default P_Key);

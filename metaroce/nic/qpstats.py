@@ -16,7 +16,8 @@ def qp_stats(dev, qp) -> dict:
     except KeyError:                         # never connected: nothing in the kernel
         st = {}
     info = dev.dp.qp_info(qp.qpn)
-    out = {"qpn": qp.qpn, "state": qp.state, "mode": dev.qp_mode(qp), "remote": qp.remote}
+    out = {"qpn": qp.qpn, "state": qp.state, "mode": dev.qp_mode(qp), "integrity": qp.integrity,
+           "remote": qp.remote}
     out.update({k: st.get(k, 0) for k in QP_COUNTERS})
     if info is None:
         return out

@@ -20,10 +20,11 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
               "bad_opcode_seq", "bad_rkey", "mr_bounds", "mr_access", "unsupported_opcode",
               "bad_icrc", "duplicate", "rnr", "qp_error", "wrong_source", "ack", "read_request",
               "atomic", "unexpected_response", "invalid_request", "cnp", "wrong_mode",
-              "beyond_window", "bad_pkey", "bad_recv_wqe")
+              "beyond_window", "bad_pkey", "bad_recv_wqe", "bad_csum")
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
-PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes")   # port_counters map
+PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes",   # port_counters map
+                 "rcv_icrc_checked", "rcv_csum_checked")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
 CREDIT_VALID = 0x80000000        # an event's len carries a Credit Limit PSN (nic_consts.h)
@@ -199,11 +200,12 @@ class RxPath:
 
     def set_qp(self, qpn: int, epsn: int, pd: int, dqpn: int = 0, msn: int = 0, *,
                pmtu: int = 1024, sq_psn: int | None = None, peer_ip: bytes | None = None,
-               rnr_timer: int = 12, metaroce: bool = False) -> None:
+               rnr_timer: int = 12, metaroce: bool = False, integrity: int = 0) -> None:
         """A QP in RTR/RTS: what it expects next, whom it answers, where its requests start
         (sq_psn: the first PSN it sends; None leaves the requester side closed), with
         peer_ip (4 or 16 bytes) the only source it accepts, and which mode's opcodes it
-        speaks (metaroce: selective repeat with SACK, spec section 5). Its receive queue is
+        speaks (metaroce: selective repeat with SACK, spec section 5), and which check its
+        packets pass (integrity: 0 the ICRC, 1 the IPv4/UDP checksums, INT-3). Its receive queue is
         the ring create_rq made (one of RQ_DEPTH entries is made here if there is none)."""
         ring = self.rqs.get(qpn) or self.create_rq(qpn)
         try:                       # armed again: the receives it consumed stay consumed
@@ -216,6 +218,7 @@ class RxPath:
         leaf.epsn, leaf.pd, leaf.dqpn, leaf.msn, leaf.pmtu = epsn, pd, dqpn, msn, pmtu
         leaf.rnr_timer = rnr_timer
         leaf.metaroce = int(metaroce)
+        leaf.integrity = int(integrity)     # INT_ICRC 0, INT_CSUM 1 (spec 5.9)
         if peer_ip is not None:
             leaf.peer_set = 1
             leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))

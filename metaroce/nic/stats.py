@@ -35,7 +35,7 @@ HW_COUNTERS = {
 DROP_REASONS = ("malformed", "unknown_qp", "psn_out_of_order", "bad_opcode_seq", "bad_rkey",
                 "mr_bounds", "mr_access", "unsupported_opcode", "bad_icrc", "duplicate", "rnr",
                 "qp_error", "wrong_source", "unexpected_response", "invalid_request",
-                "wrong_mode", "beyond_window", "bad_pkey")
+                "wrong_mode", "beyond_window", "bad_pkey", "bad_csum")
 QP_FIELDS = ("rx_packets", "rx_bytes", "sent_packets", "sent_bytes", "out_of_sequence",
              "duplicate_request", "packet_seq_err", "rnr_nak_received", "local_ack_timeout_err",
              "retransmitted_packets", "read_response_packets", "np_cnp_sent", "rp_cnp_handled",
@@ -48,7 +48,7 @@ PATH_FIELDS = ("sport", "sent_packets", "lost", "rtos", "ecn_echoes", "evictions
 # rdma-core's port counters (IB PortCounters; /sys/class/infiniband/DEV/ports/1/counters):
 # port_*_data are in 4-octet words, as there. Received: every RoCE frame the XDP program saw
 # (dropped ones too); transmitted: the program's replies (XDP_TX) and the frames the daemon
-# sent (its AF_XDP socket); port_rcv_errors: malformed frames and bad ICRCs.
+# sent (its AF_XDP socket); port_rcv_errors: malformed frames and failed integrity checks.
 PORT_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
                  "unicast_xmit_packets", "unicast_rcv_packets", "port_rcv_errors")
 
@@ -62,13 +62,15 @@ def _port(status: dict) -> dict:
     return {"port_xmit_data": xmit_bytes // 4, "port_rcv_data": rcv_bytes // 4,
             "port_xmit_packets": xmit_pkts, "port_rcv_packets": rcv_pkts,
             "unicast_xmit_packets": xmit_pkts, "unicast_rcv_packets": rcv_pkts,
-            "port_rcv_errors": int(rx.get("malformed", 0)) + int(rx.get("bad_icrc", 0)),
+            "port_rcv_errors": int(rx.get("malformed", 0)) + int(rx.get("bad_icrc", 0)) +
+            int(rx.get("bad_csum", 0)),
             "rcv_bytes": rcv_bytes, "xmit_bytes": xmit_bytes}
 
 
 def device_stats(status: dict) -> dict:
-    """{"hw_counters", "port_counters", "drops", "replies", "qps"} from a daemon status
-    document."""
+    """{"hw_counters", "port_counters", "integrity", "drops", "replies", "qps"} from a
+    daemon status document. integrity: the frames of known QPs each check verified (spec 5.9:
+    the ICRC, or the negotiated UDP checksum) and those each refused."""
     rx = status.get("counters", {})
     qps = status.get("qps", [])
     gone = status.get("destroyed_qp_counters", {})
@@ -84,11 +86,15 @@ def device_stats(status: dict) -> dict:
         else:
             hw[name] = int(rx.get(key, 0))
     drops = {r: int(rx.get(r, 0)) for r in DROP_REASONS}
+    k = status.get("port", {})
+    integrity = {"icrc_checked": int(k.get("rcv_icrc_checked", 0)),
+                 "csum_checked": int(k.get("rcv_csum_checked", 0)),
+                 "bad_icrc": drops["bad_icrc"], "bad_csum": drops["bad_csum"]}
     replies = {k.removeprefix("tx_"): int(v) for k, v in rx.items() if k.startswith("tx_")}
     out_qps = []
     for q in qps:
         doc = {"qpn": q["qpn"], "lqpn": f"0x{q['qpn']:06x}", "state": q.get("state"),
-               "mode": q.get("mode"), "type": "RC",
+               "mode": q.get("mode"), "integrity": q.get("integrity", "icrc"), "type": "RC",
                "rqpn": (q.get("remote") or {}).get("qpn"),
                "peer": (q.get("remote") or {}).get("ip")}
         doc.update({k: int(q.get(k, 0)) for k in QP_FIELDS})
@@ -97,7 +103,7 @@ def device_stats(status: dict) -> dict:
                             for p in q["path_stats"]]
         out_qps.append(doc)
     return {"hw_counters": hw, "port_counters": {k: port[k] for k in PORT_COUNTERS},
-            "drops": drops, "drops_total": sum(drops.values()), "replies": replies,
+            "integrity": integrity, "drops": drops, "drops_total": sum(drops.values()), "replies": replies,
             "qps": out_qps}
 
 
@@ -108,11 +114,12 @@ def format_stats(dev: str, st: dict, show_zero: bool = True) -> list[str]:
         return " ".join(f"{k} {v}" for k, v in d.items() if show_zero or v)
     lines = [f"link {dev}/1 {pairs(st['hw_counters'])}".rstrip(),
              f"link {dev}/1 {pairs(st.get('port_counters', {}))}".rstrip(),
+             f"link {dev}/1 integrity {pairs(st.get('integrity', {}))}".rstrip(),
              f"link {dev}/1 drops {st['drops_total']} {pairs(st['drops'])}".rstrip()]
     for q in st["qps"]:
         rqpn = "-" if q["rqpn"] is None else f"0x{q['rqpn']:06x}"
         head = (f"link {dev}/1 lqpn {q['lqpn']} type RC state {q['state']} mode {q['mode']} "
-                f"rqpn {rqpn} peer {q['peer'] or '-'}")
+                f"integrity {q.get('integrity', 'icrc')} rqpn {rqpn} peer {q['peer'] or '-'}")
         body = {k: q[k] for k in QP_FIELDS}
         lines.append(f"{head} {pairs(body)}".rstrip())
         for p in q.get("paths", []):

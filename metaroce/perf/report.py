@@ -48,7 +48,8 @@ def header(test: str, info: dict) -> list[str]:
             f" Number of qps   : {info['qps']}            Transport type : "
             f"{'MetaRoCE' if info['mode'] == 'metaroce' else 'IB (RoCEv2)'}",
             f" Connection type : RC           Using SRQ      : OFF",
-            f" Mode            : {info['mode']}     PMTU : {info['mtu']}     XDP: {info['xdp_mode']}",
+            f" Mode            : {info['mode']}     PMTU : {info['mtu']}     XDP: {info['xdp_mode']}"
+            f"     Integrity: {info.get('integrity', 'icrc')}",
             f" TX depth        : {info['tx_depth']}           CPUs           : "
             f"{','.join(map(str, info['cpus']))}",
             LINE, BW_HEAD if test.endswith("bw") else LAT_HEAD]

@@ -40,6 +40,7 @@ class Options:
     duration: float | None = None
     qps: int = 1
     mode: str | None = None
+    integrity: str | None = None    # "icrc": keep the ICRC where both devices take CSUM
     all_sizes: bool = False
     port: int = 18515            # perftest's default port (-p), not the CM's
     tx_depth: int = 128
@@ -109,6 +110,7 @@ class Side:
         return {"dev": self.o.dev, "qps": self.o.qps, "tx_depth": self.o.tx_depth,
                 "mode": self.conns[0].mode if self.conns else "-",
                 "mtu": self.conns[0].remote["mtu"] if self.conns else "-",
+                "integrity": self.conns[0].integrity if self.conns else "-",
                 "xdp_mode": st["xdp_mode"], "cpus": sorted(os.sched_getaffinity(0)),
                 "cpu_last": _cpu_now(), "daemon_pid": st["pid"]}
 
@@ -144,7 +146,8 @@ def serve(o: Options, log=lambda m: None) -> dict:
             for _ in range(o.qps):
                 s.conns.append(lis.accept(pd=s.pd, send_cq=s.cq, private_data=s.private(),
                                           cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
-                                          timeout_s=120, allow_metaroce=o.mode != "roce"))
+                                          timeout_s=120, allow_metaroce=o.mode != "roce",
+                                          integrity=o.integrity))
         info = s.info()
         if o.test == "send-bw":
             _serve_send_bw(s)
@@ -229,7 +232,8 @@ def _connect(s: Side, o: Options, log) -> cm.Connection:
         try:
             return cm.connect(s.ctx, o.address, o.port, pd=s.pd, send_cq=s.cq,
                               cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
-                              mode=o.mode, private_data=s.private(), timeout_s=10)
+                              mode=o.mode, integrity=o.integrity, private_data=s.private(),
+                              timeout_s=10)
         except cm.ConnectionRefused:
             if time.monotonic() >= deadline:
                 raise

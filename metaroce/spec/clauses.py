@@ -11,7 +11,7 @@ from pathlib import Path
 LEVELS = ("MUST", "SHOULD", "MAY")
 TEST_KINDS = ("wire", "peer", "impair", "inspect")
 # The profile tag of a clause: the smallest conformance profile it belongs to (docs/spec/12).
-PROFILE_TAGS = ("Compat", "Base", "MULTIPATH", "CREDIT", "DELAY_TS", "CNP_EXT")
+PROFILE_TAGS = ("Compat", "Base", "MULTIPATH", "CREDIT", "DELAY_TS", "CNP_EXT", "CSUM")
 
 # prefix -> the document that owns it (mirrors the table in docs/spec/README.md)
 PREFIX_FILES = {
@@ -22,6 +22,7 @@ PREFIX_FILES = {
     "COMPAT": "04-compat-mode.md",
     "EXT": "05-metaroce-mode.md", "SACK": "05-metaroce-mode.md", "PLACE": "05-metaroce-mode.md",
     "MP": "05-metaroce-mode.md", "CC": "05-metaroce-mode.md", "RTO": "05-metaroce-mode.md",
+    "INT": "05-metaroce-mode.md",
     "CM": "06-connection.md",
     "SEC": "07-security.md",
     "SM": "08-state-machines.md",

@@ -29,6 +29,7 @@ PROFILES = (
     Profile("credit", "CREDIT", "MetaRoCE option CREDIT", ("compat", "base"), "CREDIT"),
     Profile("delay_ts", "DELAY_TS", "MetaRoCE option DELAY_TS", ("compat", "base"), "DELAY_TS"),
     Profile("cnp_ext", "CNP_EXT", "MetaRoCE option CNP_EXT", ("compat", "base"), "CNP_EXT"),
+    Profile("csum", "CSUM", "MetaRoCE option CSUM", ("compat", "base"), "CSUM"),
 )
 BY_KEY = {p.key: p for p in PROFILES}
 BY_TAG = {p.tag: p for p in PROFILES}

@@ -468,12 +468,16 @@ class QP:
         self.state = "INIT"
 
     def to_rtr(self, remote: dict, **attr) -> None:
-        """Remote attributes: qpn, psn, ip (or gid), optionally mtu and mode (what the peer's
+        """Remote attributes: qpn, psn, ip (or gid), optionally mtu, mode (what the peer's
         device offers: "metaroce" selects MetaRoCE mode when this device offers it too; a peer
-        that says nothing gets plain RoCEv2)."""
+        that says nothing gets plain RoCEv2) and integrity (the cheapest check the peer's
+        device accepts: "csum" selects the IPv4/UDP checksums in place of the ICRC on a
+        MetaRoCE connection when this device accepts them too, spec 5.9). Attribute
+        integrity= overrides the remote's (the connection manager passes what it negotiated)."""
         self._remote = {"qpn": remote["qpn"], "psn": remote["psn"],
                         "ip": remote.get("ip") or remote.get("gid"), "mtu": remote.get("mtu", 1024),
-                        "mode": remote.get("mode", "roce")}
+                        "mode": remote.get("mode", "roce"),
+                        "integrity": remote.get("integrity", "icrc")}
         self._attr = attr
         self.state = "RTR"
 

@@ -205,6 +205,7 @@ class Cap(IntEnum):
     CREDIT = 1 << 3
     DELAY_TS = 1 << 4
     CNP_EXT = 1 << 5
+    CSUM = 1 << 6      # the IPv4/UDP checksums as the connection's integrity check (INT-1)
 
 
 CAPS_DEFINED = sum(int(c) for c in Cap)

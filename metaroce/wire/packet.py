@@ -114,10 +114,51 @@ def inet_checksum(data: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def _udp6_checksum(ip: IPv6, segment: bytes) -> int:
-    pseudo = (ipaddress.IPv6Address(ip.src).packed + ipaddress.IPv6Address(ip.dst).packed
-              + struct.pack("!IxxxB", len(segment), C.IPPROTO_UDP))
-    return inet_checksum(pseudo + segment) or 0xFFFF
+def _pseudo_header(ip: IPv4 | IPv6, udp_len: int) -> bytes:
+    if isinstance(ip, IPv6):
+        return (ipaddress.IPv6Address(ip.src).packed + ipaddress.IPv6Address(ip.dst).packed
+                + struct.pack("!IxxxB", udp_len, C.IPPROTO_UDP))
+    return (ipaddress.IPv4Address(ip.src).packed + ipaddress.IPv4Address(ip.dst).packed
+            + struct.pack("!xBH", C.IPPROTO_UDP, udp_len))
+
+
+def udp_checksum(ip: IPv4 | IPv6, segment: bytes) -> int:
+    """The UDP checksum of a datagram (its checksum field zero) over the pseudo-header of
+    either IP version; a computed 0 is sent as 0xFFFF (RFC 768)."""
+    return inet_checksum(_pseudo_header(ip, len(segment)) + segment) or 0xFFFF
+
+
+def udp_checksum_ok(frame: bytes) -> bool | None:
+    """INT-3 on a whole untagged frame: True when the IPv4 header checksum (IPv4) and the UDP
+    checksum hold, False when either fails or the UDP checksum is absent (zero), None when the
+    frame is not UDP over IP."""
+    et = struct.unpack_from("!H", frame, 12)[0]
+    off = C.ETH_LEN
+    if et == C.ETH_P_IPV4:
+        ihl = (frame[off] & 0xF) * 4
+        if frame[off + 9] != C.IPPROTO_UDP:
+            return None
+        if inet_checksum(frame[off:off + ihl]) != 0:
+            return False
+        src, dst = frame[off + 12:off + 16], frame[off + 16:off + 20]
+        pseudo_fmt, udp_off = "!xBH", off + ihl
+    elif et == C.ETH_P_IPV6:
+        if frame[off + 6] != C.IPPROTO_UDP:
+            return None
+        if frame[off] >> 4 != 6 or struct.unpack_from("!H", frame, off + 4)[0] != \
+                struct.unpack_from("!H", frame, off + 44)[0]:
+            return False
+        src, dst = frame[off + 8:off + 24], frame[off + 24:off + 40]
+        pseudo_fmt, udp_off = None, off + 40
+    else:
+        return None
+    ulen = struct.unpack_from("!H", frame, udp_off + 4)[0]
+    seg = frame[udp_off:udp_off + ulen]
+    if len(seg) != ulen or struct.unpack_from("!H", seg, 6)[0] == 0:
+        return False
+    pseudo = src + dst + (struct.pack(pseudo_fmt, C.IPPROTO_UDP, ulen) if pseudo_fmt
+                          else struct.pack("!IxxxB", ulen, C.IPPROTO_UDP))
+    return inet_checksum(pseudo + seg) == 0
 
 
 @dataclass(frozen=True)
@@ -133,7 +174,9 @@ class UDP:
 @dataclass(frozen=True)
 class RocePacket:
     """One RoCEv2/MetaRoCE frame. ``bth.pad_count`` is derived from the payload length;
-    ``icrc`` is computed when building and set (not compared) when parsing."""
+    ``icrc`` is computed when building and set (not compared) when parsing. The UDP checksum
+    is filled over IPv6 always and over IPv4 when ``udp_checksum`` is set (a MetaRoCE
+    connection that negotiated CSUM, INT-2); zero otherwise (WIRE-7)."""
 
     ip: IPv4 | IPv6
     bth: BTH
@@ -142,6 +185,7 @@ class RocePacket:
     udp: UDP = UDP()
     eth: Ethernet = Ethernet()
     icrc: int | None = field(default=None, compare=False)
+    udp_checksum: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "headers", tuple(self.headers))
@@ -178,9 +222,8 @@ class RocePacket:
         udph = struct.pack("!HHHH", self.udp.sport, self.udp.dport, udp_len, 0)
         crc = _icrc.compute(iph + udph + body)
         tail = body + _icrc.encode(crc)
-        if isinstance(self.ip, IPv6):
-            csum = _udp6_checksum(self.ip, udph + tail)
-            udph = udph[:6] + struct.pack("!H", csum)
+        if isinstance(self.ip, IPv6) or self.udp_checksum:
+            udph = udph[:6] + struct.pack("!H", udp_checksum(self.ip, udph + tail))
         ethertype = C.ETH_P_IPV6 if isinstance(self.ip, IPv6) else C.ETH_P_IPV4
         return self.eth.pack(ethertype) + iph + udph + tail
 

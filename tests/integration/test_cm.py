@@ -30,9 +30,9 @@ def lab(module_lab_name):
 
 
 class Side:
-    def __init__(self, view, host, mode):
+    def __init__(self, view, host, mode, integrity="icrc"):
         self.dev = d.DeviceId("eth0", view.plan.node(host).netns)
-        d.start_background(self.dev, mode)
+        d.start_background(self.dev, mode, integrity=integrity)
         self.ctx = Context("eth0", self.dev.netns)
         self.pd = PD(self.ctx)
         self.mr = MR(self.pd, 1 << 20, ACCESS)
@@ -107,6 +107,43 @@ def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     assert cb.closed
     wc = b.cq.wait(1)[0]
     assert (wc.wr_id, wc.status) == (77, IBV_WC_WR_FLUSH_ERR)
+
+
+def test_csum_is_negotiated_only_when_both_devices_take_it(sides):
+    """INT-1: with both devices started --integrity csum the connection checks the IPv4/UDP
+    checksums (both QPs say so, data moves and both kernels counted csum-checked packets);
+    with one of them at the default (the ICRC) it is the ICRC."""
+    view, a, b = sides
+    try:
+        for side, host in ((a, "h1"), (b, "h2")):
+            side.close()
+            side.__init__(view, host, "metaroce", "csum")
+        ca, out = connect_pair(view, a, b, 18620)
+        cb = out["conn"]
+        assert ca.integrity == cb.integrity == "csum" and ca.caps & 0x40 and cb.caps & 0x40
+        assert ca.qp.query()["integrity"] == cb.qp.query()["integrity"] == "csum"
+        rkey = int.from_bytes(ca.private_data[4:8], "big")
+        data = os.urandom(200000)
+        a.mr.write(data)
+        ca.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, len(data))],
+                               remote_addr=b.mr.addr, rkey=rkey))
+        assert a.cq.wait(1)[0].status == IBV_WC_SUCCESS
+        assert b.mr.read(len(data)) == data
+        for side in (a, b):                  # data one way, SACKs the other: both checked
+            port = side.ctx.status()["port"]
+            assert port["rcv_csum_checked"] > 0, port
+        ca.close()
+        cb.close()
+        a.close()
+        a.__init__(view, "h1", "metaroce")       # h1 back to the ICRC only
+        ca, out = connect_pair(view, a, b, 18621)
+        assert ca.integrity == out["conn"].integrity == "icrc" and not ca.caps & 0x40
+        assert ca.qp.query()["integrity"] == "icrc"
+        ca.close()
+        out["conn"].close()
+    finally:
+        b.close()
+        b.__init__(view, "h2", "metaroce")
 
 
 def test_a_compat_target_yields_roce_and_mandatory_fails(sides):

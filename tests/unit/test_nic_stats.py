@@ -14,7 +14,7 @@ def _status():
     qp2 = dict(qp, qpn=0x13, retransmitted_packets=5)
     return {"counters": counters, "qps": [qp, qp2],
             "port": {"rcv_packets": 5000, "rcv_bytes": 4_000_000, "xmit_packets": 300,
-                     "xmit_bytes": 24_000},
+                     "xmit_bytes": 24_000, "rcv_icrc_checked": 4000, "rcv_csum_checked": 900},
             "tx": {"tx_queued": 2001, "tx_completed": 2000, "tx_bytes": 2_000_000},
             "destroyed_qp_counters": {"retransmitted_packets": 100, "sent_packets": 9,
                                       "local_ack_timeout_err": 1}}
@@ -36,7 +36,11 @@ def test_names_and_sources():
     port = st["port_counters"]
     assert port["port_rcv_packets"] == 5000 and port["port_rcv_data"] == 1_000_000
     assert port["port_xmit_packets"] == 2300 and port["port_xmit_data"] == 506_000
-    assert port["port_rcv_errors"] == rx["malformed"] + rx["bad_icrc"]
+    assert port["port_rcv_errors"] == rx["malformed"] + rx["bad_icrc"] + rx["bad_csum"]
+    # spec 5.9, INT-5: what each end-to-end check verified and refused
+    assert st["integrity"] == {"icrc_checked": 4000, "csum_checked": 900,
+                               "bad_icrc": rx["bad_icrc"], "bad_csum": rx["bad_csum"]}
+    assert st["qps"][0]["integrity"] == "icrc"
     assert set(st["drops"]) == set(DROP_REASONS) and st["drops_total"] == sum(st["drops"].values())
     assert "placed" not in st["drops"] and "not_roce" not in st["drops"]
     assert set(st["replies"]) == set(TX_COUNTERS)
@@ -58,7 +62,8 @@ def test_every_source_key_exists():
         else:
             assert key in qp_keys, name
     assert set(DROP_REASONS) <= set(RX_REASONS)
-    assert PORT_COUNTERS == ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes")
+    assert PORT_COUNTERS == ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes",
+                             "rcv_icrc_checked", "rcv_csum_checked")
 
 
 def test_rdma_style_lines():
@@ -66,9 +71,10 @@ def test_rdma_style_lines():
     lines = format_stats("eth0", st)
     assert lines[0].startswith("link eth0/1 rx_packets 5000 ")
     assert lines[1].startswith("link eth0/1 port_xmit_data 506000 port_rcv_data 1000000 ")
-    assert lines[2].startswith(f"link eth0/1 drops {st['drops_total']} malformed ")
+    assert lines[2].startswith("link eth0/1 integrity icrc_checked 4000 csum_checked 900 ")
+    assert lines[3].startswith(f"link eth0/1 drops {st['drops_total']} malformed ")
     # QP numbers in hex, as rdma-core prints them
-    assert lines[3].startswith("link eth0/1 lqpn 0x000012 type RC state RTS mode roce "
-                               "rqpn 0x000034 peer 10.0.0.2")
+    assert lines[4].startswith("link eth0/1 lqpn 0x000012 type RC state RTS mode roce "
+                               "integrity icrc rqpn 0x000034 peer 10.0.0.2")
     quiet = format_stats("eth0", device_stats({"counters": {}, "qps": []}), show_zero=False)
-    assert quiet == ["link eth0/1", "link eth0/1", "link eth0/1 drops 0"]
+    assert quiet == ["link eth0/1", "link eth0/1", "link eth0/1 integrity", "link eth0/1 drops 0"]

@@ -51,7 +51,7 @@ def stop_daemons(devs) -> None:
 
 
 @contextmanager
-def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500):
+def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500, integrity: str = "icrc"):
     view = fresh_lab(name, "pair", mtu=mtu)
     ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
     ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
@@ -60,7 +60,7 @@ def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500):
     try:
         pids = []
         for dev in devs:
-            pids.append(d.start_background(dev, mode)["pid"])
+            pids.append(d.start_background(dev, mode, integrity=integrity)["pid"])
             started.append(dev)
         yield TwoHosts(view, ns1, ns2, ip1, ip2, pids)
     finally:

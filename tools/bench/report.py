@@ -26,18 +26,47 @@ def vs_tcp(doc) -> list[str]:
            f" — {doc['machine']['host']}, kernel {doc['machine']['kernel']}, "
            f"{doc['machine']['cpus']} CPUs, {doc['date']}; median (min–max) of {doc['runs']} runs "
            f"of {doc['seconds']} s", "",
-           "| | TCP | MetaRoCE mode | RoCEv2 mode |", "|---|---|---|---|",
+           "| | TCP | MetaRoCE mode, ICRC | MetaRoCE mode, CSUM | RoCEv2 mode |",
+           "|---|---|---|---|---|",
            f"| WRITE 1 MiB / iperf3, Gbit/s | {g(r['tcp_bps'], 1e-9)} | {g(r['mr_bps'], 1e-9)} | "
-           f"{g(r['roce_bps'], 1e-9)} |",
+           f"{g(r.get('mr_csum_bps'), 1e-9)} | {g(r['roce_bps'], 1e-9)} |",
            f"| CPU-seconds per GiB (whole machine) | {g(r['tcp_cpu_s_per_gib'])} | "
-           f"{g(r['mr_cpu_s_per_gib'])} | {g(r['roce_cpu_s_per_gib'])} |",
-           f"| 64 B half round trip p50, µs | {g(r['tcp_lat_p50_us'])} | {g(r['mr_lat_p50_us'])} | |",
-           f"| 64 B half round trip p99, µs | {g(r['tcp_lat_p99_us'])} | {g(r['mr_lat_p99_us'])} | |",
+           f"{g(r['mr_cpu_s_per_gib'])} | {g(r.get('mr_csum_cpu_s_per_gib'))} | "
+           f"{g(r['roce_cpu_s_per_gib'])} |",
+           f"| 64 B half round trip p50, µs | {g(r['tcp_lat_p50_us'])} | "
+           + (f"| {g(r['mr_lat_p50_us'])} | |" if "mr_csum_bps" in r else
+              f"{g(r['mr_lat_p50_us'])} | | |"),
+           f"| 64 B half round trip p99, µs | {g(r['tcp_lat_p99_us'])} | "
+           + (f"| {g(r['mr_lat_p99_us'])} | |" if "mr_csum_bps" in r else
+              f"{g(r['mr_lat_p99_us'])} | | |"),
            *([f"| TCP on a bare veth pair (no XDP, GSO/GRO): Gbit/s, 64 B p50 µs | "
-              f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} | | |"]
+              f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} | | | |"]
              if "bare_tcp_bps" in r else []),
            "", "Ratios (MetaRoCE / TCP): " + ", ".join(f"{k} **{v}**" for k, v in
                                                      doc["ratios"].items()), ""]
+    return out
+
+
+def nic_rx_cost(doc) -> list[str]:
+    names = {"roce_icrc": "RoCEv2 mode, ICRC", "metaroce_icrc": "MetaRoCE mode, ICRC",
+             "metaroce_csum": "MetaRoCE mode, CSUM (IPv4/UDP checksums, spec 5.7)"}
+    m = doc["machine"]
+    out = ["### The XDP receive path per packet, by integrity check", "",
+           f"`{doc['command']}` — {m['host']}, kernel {m['kernel']}, {m['cpus']} CPUs, "
+           f"{doc['date']}. A WRITE_ONLY of each payload checked and placed into a registered "
+           "region by the NIC's XDP program (BPF_PROG_TEST_RUN single runs, the kernel times "
+           f"each; median of 200 per run, median of {doc['runs']} runs), and the same with the "
+           "ACK/SACK it generates; a pass-through XDP program is the floor.", "",
+           "| payload B | pass-through ns | " + " | ".join(f"{names[c]} ns (+ACK)"
+                                                       for c in doc["checks"]) + " |",
+           "|---" * (2 + len(doc["checks"])) + "|"]
+    for r in doc["rows"]:
+        out.append(f"| {r['payload_bytes']} | {r['pass_through_ns']:.0f} | " +
+                   " | ".join(f"{r[c + '_place_ns']:.0f} ({r[c + '_place_and_ack_ns']:.0f})"
+                              for c in doc["checks"]) + " |")
+    out += ["", "Least-squares fit of the placement cost over the payload size: " +
+            "; ".join(f"{names[c]} {v['ns_per_kib']:.0f} ns per KiB + {v['fixed_ns']:.0f} ns "
+                      f"per packet" for c, v in doc["per_kib"].items()) + ".", ""]
     return out
 
 
@@ -483,6 +512,9 @@ def main() -> int:
     path = os.path.join(HERE, "results", "lab_path.json")
     if os.path.exists(path):
         lines += lab_path(json.load(open(path)))
+    path = os.path.join(HERE, "results", "nic_rx_cost.json")
+    if os.path.exists(path):
+        lines += nic_rx_cost(json.load(open(path)))
     path = os.path.join(HERE, "results", "bpf_build.json")
     if os.path.exists(path):
         lines += bpf_build(json.load(open(path)))

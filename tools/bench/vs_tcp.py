@@ -3,8 +3,11 @@
 
 A two-host lab; both MetaRoCE daemons up; then, alternating within each repetition:
   - TCP throughput: iperf3, one stream, same duration;
-  - RDMA WRITE 1 MiB, one QP: `metaroce perf write-bw` in MetaRoCE mode and in RoCEv2 mode;
-  - round trip of 64 bytes: sockperf ping-pong over TCP vs `metaroce perf write-lat`;
+  - RDMA WRITE 1 MiB, one QP: `metaroce perf write-bw` in MetaRoCE mode with each end-to-end
+    check (the ICRC, and the IPv4/UDP checksums of the option CSUM, spec 5.7: both daemons run
+    `--integrity csum`, and each connection asks for its check) and in RoCEv2 mode (ICRC);
+  - round trip of 64 bytes: sockperf ping-pong over TCP vs `metaroce perf write-lat`
+    (MetaRoCE mode, CSUM);
   - CPU seconds per GiB moved, from the whole machine's /proc/stat over the transfer only (XDP
     runs in softirq and is charged to no single process, so per-process accounting would
     flatter MetaRoCE; process start-up is left out for both).
@@ -114,11 +117,13 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
     a = ap.parse_args()
     runs, secs = (7, 5) if a.full else (3, 2)
-    res = {k: [] for k in ("tcp_bps", "mr_bps", "roce_bps", "tcp_cpu_s_per_gib",
-                           "mr_cpu_s_per_gib", "roce_cpu_s_per_gib", "tcp_lat_p50_us",
+    res = {k: [] for k in ("tcp_bps", "mr_bps", "mr_csum_bps", "roce_bps", "tcp_cpu_s_per_gib",
+                           "mr_cpu_s_per_gib", "mr_csum_cpu_s_per_gib", "roce_cpu_s_per_gib",
+                           "tcp_lat_p50_us",
                            "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us",
                            "bare_tcp_bps", "bare_tcp_lat_p50_us")}
-    with two_hosts(LAB, mtu=a.mtu) as lab, bare_veth("benchbare", mtu=a.mtu) as bare:
+    with two_hosts(LAB, mtu=a.mtu, integrity="csum") as lab, \
+            bare_veth("benchbare", mtu=a.mtu) as bare:
         ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
         for r in range(runs):
@@ -126,9 +131,12 @@ def main() -> int:
             t, cpu, _ = timed(lambda: iperf(ns1, ns2, ip, secs))
             res["tcp_bps"].append(t["bps"])
             res["tcp_cpu_s_per_gib"].append(cpu / (t["bytes"] / gib))
-            for mode, key in (("metaroce", "mr"), ("roce", "roce")):
-                doc = perf(ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode],
-                           18800 + r)
+            for i, (mode, check, key) in enumerate((("metaroce", "icrc", "mr"),
+                                                    ("metaroce", "csum", "mr_csum"),
+                                                    ("roce", "icrc", "roce"))):
+                doc = perf(ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode,
+                                                      "--integrity", check], 18800 + 3 * r + i)
+                assert doc.get("integrity", check) == check, doc.get("integrity")
                 res[f"{key}_bps"].append(doc["bw_avg_bps"])
                 res[f"{key}_cpu_s_per_gib"].append(doc["cpu_s_per_gib"])   # the timed loop only
             lat = sockperf(ns1, ns2, ip, secs)
@@ -142,10 +150,15 @@ def main() -> int:
     out = {k: summary(v) for k, v in res.items()}
     med = {k: v["median"] for k, v in out.items()}
     ratios = {"write_bw_metaroce_over_tcp": med["mr_bps"] / med["tcp_bps"],
+              "write_bw_metaroce_csum_over_tcp": med["mr_csum_bps"] / med["tcp_bps"],
               "write_bw_roce_over_tcp": med["roce_bps"] / med["tcp_bps"],
               "lat_p50_metaroce_over_tcp": med["mr_lat_p50_us"] / med["tcp_lat_p50_us"],
               "cpu_per_gib_metaroce_over_tcp": med["mr_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"],
+              "cpu_per_gib_metaroce_csum_over_tcp":
+                  med["mr_csum_cpu_s_per_gib"] / med["tcp_cpu_s_per_gib"],
               "write_bw_metaroce_over_bare_veth_tcp": med["mr_bps"] / med["bare_tcp_bps"],
+              "write_bw_metaroce_csum_over_bare_veth_tcp":
+                  med["mr_csum_bps"] / med["bare_tcp_bps"],
               "lat_p50_metaroce_over_bare_veth_tcp":
                   med["mr_lat_p50_us"] / med["bare_tcp_lat_p50_us"]}
     doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
