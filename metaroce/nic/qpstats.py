@@ -5,7 +5,7 @@ daemon has always used. Reads both, changes nothing."""
 
 from __future__ import annotations
 
-from .rx import CREDIT_VALID, QP_COUNTERS
+from .rx import CREDIT_VALID, QP_COUNTERS, QP_RX_ERROR
 
 PSN_MASK = 0xFFFFFF
 
@@ -22,7 +22,11 @@ def qp_stats(dev, qp) -> dict:
     if info is None:
         return out
     e = info.e
-    if info.err and qp.state != "ERR":
+    # ERR as soon as either half knows: the engine (an error completion, a fatal NAK it got),
+    # or the kernel, whose responder moved the QP to ERR when it sent a fatal NAK (its event
+    # reaches the engine thread a moment later: a query right after the requester's error
+    # completion must not still say RTS)
+    if (info.err or st.get("state") == QP_RX_ERROR) and qp.state != "ERR":
         qp.state = out["state"] = "ERR"
     connected = bool(info.connected)
     out["sq_outstanding"] = int(info.sq_taken) + int(info.unfetched)

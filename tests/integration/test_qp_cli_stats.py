@@ -81,7 +81,8 @@ def test_endpoint_from_cli_serves_a_verbs_peer(pair, tmp_path):
         text = cli("stats", "--dev", "eth0", "--netns", ns2).stdout.splitlines()
         assert text[0].startswith("link eth0/1 rx_packets ") and "rp_cnp_handled" in text[0]
         assert text[1].startswith("link eth0/1 port_xmit_data ")
-        qline = f"lqpn 0x{ep['qpn']:06x} type RC state RTS mode roce rqpn 0x{a.qp.qp_num:06x}"
+        qline = (f"lqpn 0x{ep['qpn']:06x} type RC state RTS mode roce integrity icrc "
+             f"rqpn 0x{a.qp.qp_num:06x}")
         assert any(qline in line for line in text), text
         one = json.loads(cli("stats", "--dev", "eth0", "--netns", ns2, "--qp", hex(ep["qpn"]),
                              "--json").stdout)
