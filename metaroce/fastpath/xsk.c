@@ -299,10 +299,13 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
     mr_xsk_poll_tx(x);
     uint32_t prod = *x->tx.producer, room = tx_free(x), queued = 0;
     size_t off = 0;
+    int refused = 0;
     while (queued < n && x->nfree) {
         uint32_t len = lens[queued];
-        if (!len || len > x->slot_size)
-            break;      /* the caller splits larger frames; an empty one is not a frame */
+        if (!len || len > x->slot_size) {
+            refused = 1;   /* the caller splits larger frames; an empty one is not a frame */
+            break;
+        }
         uint32_t nd = (len + x->chunk - 1) / x->chunk;
         if (nd > room)
             break;
@@ -313,7 +316,9 @@ uint32_t mr_xsk_send(struct mr_xsk *x, const uint8_t *data, const uint32_t *lens
         off += len;
         queued++;
     }
-    if (queued < n)
+    if (refused)
+        x->st.tx_refused++;
+    else if (queued < n)
         x->st.tx_ring_full += n - queued;
     if (queued) {
         __atomic_store_n(x->tx.producer, prod, __ATOMIC_RELEASE);
@@ -354,9 +359,13 @@ uint8_t *mr_xsk_tx_frame(struct mr_xsk *x, uint32_t *cap)
 
 void mr_xsk_tx_commit(struct mr_xsk *x, uint32_t len)
 {
-    /* the builder had room (mr_xsk_tx_room); a length no descriptor can carry queues nothing */
-    if (!x->nfree || !len || len > x->slot_size ||
-        (len + x->chunk - 1) / x->chunk > tx_free(x)) {
+    /* a length no slot holds queues nothing (the builders never commit one); nor does a
+     * frame without room (the builders ask mr_xsk_tx_room first) */
+    if (!len || len > x->slot_size) {
+        x->st.tx_refused++;
+        return;
+    }
+    if (!x->nfree || (len + x->chunk - 1) / x->chunk > tx_free(x)) {
         x->st.tx_ring_full++;
         return;
     }

@@ -15,6 +15,7 @@ struct mr_xsk_stats {
     uint64_t tx_ring_full;     /* frames not queued for want of a ring slot or UMEM frame */
     uint64_t tx_bytes;         /* bytes of the frames the kernel gave back (tx_completed's) */
     uint64_t tx_multi;         /* frames queued as several descriptors (XDP_USE_SG) */
+    uint64_t tx_refused;       /* frames not queued: empty or longer than a slot (frame cap) */
     /* the kernel's own view (getsockopt XDP_STATISTICS), read by mr_xsk_get_stats */
     uint64_t kern_tx_invalid_descs;     /* descriptors it refused (bad address or length) */
     uint64_t kern_tx_ring_empty_descs;  /* wakeups that found the TX ring empty */

@@ -9,7 +9,8 @@ from ..errors import MetaroceError
 
 XDP_COPY, XDP_ZEROCOPY, XDP_USE_NEED_WAKEUP, XDP_USE_SG = 1 << 1, 1 << 2, 1 << 3, 1 << 4
 XSK_STATS = ("tx_queued", "tx_completed", "kicks", "kick_busy", "kick_deferred", "tx_ring_full",
-             "tx_bytes", "tx_multi", "kern_tx_invalid_descs", "kern_tx_ring_empty_descs")
+             "tx_bytes", "tx_multi", "tx_refused", "kern_tx_invalid_descs",
+             "kern_tx_ring_empty_descs")
 
 
 def _lib():

@@ -182,6 +182,7 @@ def test_room_counts_a_frame_at_its_longest_only_once(lab_name):
         assert xs.tx_room() == 0 and xs.send([small]) == 0
         st = xs.stats()
         assert st["tx_queued"] == 21 and st["tx_multi"] == 11 and st["tx_ring_full"] == 2, st
+        assert st["tx_refused"] == 0, st
         assert xs.in_flight() == 21
     finally:
         xs.close()
@@ -203,7 +204,7 @@ def test_without_sg_a_frame_is_one_chunk(jumbo):
     finally:
         xs.close()
     assert st["tx_queued"] == st["tx_completed"] == 100 and st["tx_multi"] == 0, st
-    assert st["tx_ring_full"] == 1 and st["kern_tx_invalid_descs"] == 0, st
+    assert st["tx_refused"] == 1 and st["kern_tx_invalid_descs"] == 0, st
 
 
 def test_bad_device_is_a_clear_error():
