@@ -174,7 +174,7 @@
 #define PORT_RCV_CSUM_CHECKED 5   /* ... by the negotiated UDP checksum instead (INT-3) */
 #define PORT_NCOUNTERS 6
 
-/* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.9, INT-1) */
+/* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.7, INT-1) */
 #define INT_ICRC 0                /* the RoCEv2 ICRC (CRC-32), every compat QP and the default */
 #define INT_CSUM 1                /* MetaRoCE with CSUM negotiated: IPv4 header + UDP checksum */
 

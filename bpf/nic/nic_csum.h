@@ -1,4 +1,4 @@
-/* The negotiated integrity check of MetaRoCE mode (spec 5.9, INT-3): instead of the ICRC, the
+/* The negotiated integrity check of MetaRoCE mode (spec 5.7, INT-3): instead of the ICRC, the
  * IPv4 header checksum and the UDP checksum (pseudo-header, UDP header, BTH through ICRC), the
  * 16-bit ones' complement sum of RFC 1071. It catches every single-bit error and every burst of
  * 15 bits or fewer in what the ICRC covers (IPv6's traffic class, flow label and hop limit

@@ -78,7 +78,8 @@ def _run(view, mode: str) -> dict:
         a, b = _Host(c1, 2 * TOTAL), _Host(c2, TOTAL + SENDS * SEND_BYTES + 4096)
         ip1, ip2 = (h.iface("eth0").ipv4.split("/")[0] for h in (h1, h2))
         # the path MTU as RoCEv2 picks it: the smaller of what both ends' devices take (the
-        # link MTU and a UMEM frame decide each; 2048 on a 9000-byte lab, 1024 at 1500)
+        # link MTU and the AF_XDP socket's largest frame decide each: 4096 on a 9000-byte lab
+        # with multi-buffer transmit, 2048 without it, 1024 at 1500)
         pmtu = min(c.query_device()["max_pmtu"] for c in (c1, c2))
         a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode, "mtu": pmtu})
         b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode, "mtu": pmtu})
@@ -142,7 +143,8 @@ def _run(view, mode: str) -> dict:
             "msg_bytes": MSG, "iterations": TOTAL // MSG, "pmtu": qp["remote"]["mtu"],
             "msg_rate_pps": round(TOTAL / qp["remote"]["mtu"] / write_s),
             "retransmitted_packets": qp["retransmitted_packets"],
-            "counters": {"h1": s1["counters"], "h2": s2["counters"]}}
+            "counters": {"h1": s1["counters"], "h2": s2["counters"]},
+            "xsk": {"h1": s1["tx"], "h2": s2["tx"]}}
 
 
 def _remove_leftover_demo_labs() -> None:
@@ -193,7 +195,8 @@ def demo(mode, mtu, as_json):
     how = ("MetaRoCE: selective repeat, SACK, placement on arrival" if res["mode"] == "metaroce"
            else "RoCEv2 RC, go-back-N")
     click.echo(f" Mode            : {res['mode']} ({how})   XDP: {res['xdp_mode']}")
-    click.echo(f" Transport       : AF_XDP (copy mode) on veth, PMTU {res['pmtu']}, "
+    sg = ", multi-buffer" if res["xsk"]["h1"].get("tx_multi") else ""
+    click.echo(f" Transport       : AF_XDP (copy mode{sg}) on veth, PMTU {res['pmtu']}, "
                f"placement + ACK in XDP")
     click.echo(f" Outstanding     : {DEPTH} work requests of {MSG} bytes")
     click.echo(line)

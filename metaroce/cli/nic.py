@@ -39,7 +39,7 @@ def _dev(dev, netns):
 @click.option("--integrity", type=click.Choice(["icrc", "csum"]), default="icrc",
               show_default=True,
               help="The cheapest end-to-end check this device accepts on MetaRoCE connections "
-                   "(spec 5.9): icrc, the RoCEv2 ICRC (CRC-32) only; csum, also the IPv4/UDP "
+                   "(spec 5.7): icrc, the RoCEv2 ICRC (CRC-32) only; csum, also the IPv4/UDP "
                    "checksums in its place (about a quarter of the receive cost), used when "
                    "the peer's device accepts them too. Compat connections always check the "
                    "ICRC.")

@@ -494,6 +494,16 @@ void mr_dp_xsk_stats(struct mr_dp *d, struct mr_xsk_stats *out)
     dp_unlock(d);
 }
 
+uint32_t mr_dp_frame_cap(struct mr_dp *d)
+{
+    return mr_xsk_frame_cap(d->xsk);          /* fixed at open: no lock */
+}
+
+int mr_dp_xsk_sg(struct mr_dp *d)
+{
+    return mr_xsk_sg(d->xsk);
+}
+
 /* the wake-up of a sleeping thread, for the control calls that change what it sleeps on */
 void dp_wake(struct mr_dp *d);
 void dp_wake(struct mr_dp *d)

@@ -42,11 +42,11 @@ struct mr_dp_cfg {
     uint32_t max_qps;
     uint32_t max_mrs;
     uint32_t max_cqs;
-    uint32_t xsk_frames;
-    uint32_t xsk_frame_size;
+    uint32_t xsk_frames;       /* UMEM slots (mr_xsk_open's nframes) */
+    uint32_t xsk_frame_size;   /* UMEM chunk */
     uint32_t xsk_ring;
     uint32_t xsk_budget;
-    uint16_t xsk_bind_flags;
+    uint16_t xsk_bind_flags;   /* with XDP_USE_SG: frames of several chunks if the kernel takes it */
     uint16_t rsvd;
     int64_t min_rto_ns;        /* RTO_min of MetaRoCE QPs (RTO-1) */
     int64_t busy_poll_ns;      /* busy-poll this long after the last work; < 0: adaptive */
@@ -178,5 +178,9 @@ int mr_dp_async_fd(struct mr_dp *d);
 int mr_dp_take_async(struct mr_dp *d, struct mr_dp_async *out, uint32_t max);
 void mr_dp_get_stats(struct mr_dp *d, struct mr_dp_stats *out);
 void mr_dp_xsk_stats(struct mr_dp *d, struct mr_xsk_stats *out);
+/* The largest frame the device's AF_XDP socket sends (mr_xsk_frame_cap: a chunk, or several
+ * with XDP_USE_SG) and whether it took SG; fixed when the socket is opened. */
+uint32_t mr_dp_frame_cap(struct mr_dp *d);
+int mr_dp_xsk_sg(struct mr_dp *d);
 
 #endif

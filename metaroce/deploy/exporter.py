@@ -88,7 +88,9 @@ PATH_COUNTER_HELP = {
 }
 XSK_HELP = {
     "tx_queued": "frames queued on the AF_XDP transmit ring",
-    "tx_completed": "frames the kernel completed sending",
+    "tx_completed": "frames the kernel completed sending (every descriptor of each)",
+    "tx_multi": "frames queued as several descriptors (multi-buffer, XDP_USE_SG)",
+    "tx_refused": "frames refused: empty or longer than the socket's largest frame",
     "kicks": "sendto() wakeups of the AF_XDP socket",
     "kick_busy": "wakeups that found the driver busy",
     "kick_deferred": "wakeups held back while a busy driver's back-off ran",

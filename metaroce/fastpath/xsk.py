@@ -7,7 +7,10 @@ import os
 
 from ..errors import MetaroceError
 
-XDP_COPY, XDP_ZEROCOPY, XDP_USE_NEED_WAKEUP = 1 << 1, 1 << 2, 1 << 3
+XDP_COPY, XDP_ZEROCOPY, XDP_USE_NEED_WAKEUP, XDP_USE_SG = 1 << 1, 1 << 2, 1 << 3, 1 << 4
+XSK_STATS = ("tx_queued", "tx_completed", "kicks", "kick_busy", "kick_deferred", "tx_ring_full",
+             "tx_bytes", "tx_multi", "tx_refused", "kern_tx_invalid_descs",
+             "kern_tx_ring_empty_descs")
 
 
 def _lib():
@@ -20,10 +23,15 @@ def _lib():
 
 
 class XskSocket:
-    """An AF_XDP socket with a private UMEM bound to one queue of a device."""
+    """An AF_XDP socket with a private UMEM bound to one queue of a device. nframes UMEM slots
+    of frame_size-byte chunks (one chunk each, two with XDP_USE_SG), ring_size frames on the
+    TX ring. With XDP_USE_SG in bind_flags (the default) a frame may be up to frame_cap bytes
+    and leaves as one descriptor per chunk; a kernel that refuses SG gives a socket without it
+    (sg is False, frame_cap the chunk)."""
 
     def __init__(self, ifindex: int, queue: int = 0, *, nframes: int = 4096, frame_size: int = 4096,
-                 ring_size: int = 2048, bind_flags: int = XDP_COPY, tx_budget: int = 512):
+                 ring_size: int = 2048, bind_flags: int = XDP_COPY | XDP_USE_SG,
+                 tx_budget: int = 512):
         mod = _lib()
         self._ffi, self._c = mod.ffi, mod.lib
         err = self._ffi.new("int *")
@@ -33,6 +41,8 @@ class XskSocket:
             raise MetaroceError(f"AF_XDP socket on ifindex {ifindex} queue {queue}: "
                                 f"{os.strerror(err[0])}")
         self.frame_size = frame_size
+        self.sg = bool(self._c.mr_xsk_sg(self._x))
+        self.frame_cap = int(self._c.mr_xsk_frame_cap(self._x))
 
     def close(self) -> None:
         if self._x is not None:
@@ -46,7 +56,8 @@ class XskSocket:
         self.close()
 
     def send(self, frames: list[bytes]) -> int:
-        """Queue a batch of frames; returns how many the rings accepted."""
+        """Queue a batch of frames (each 1 .. frame_cap bytes); returns how many the rings
+        accepted (fewer when they are full, or at the first frame no slot can hold)."""
         lens = self._ffi.new("uint32_t[]", [len(f) for f in frames])
         data = b"".join(frames)
         return self._c.mr_xsk_send(self._x, data, lens, len(frames))
@@ -84,18 +95,20 @@ class XskSocket:
             n = self._c.mr_send_write(self._x, flow, buf, len(data), pmtu, psn0, va, rkey, off)
             if not n:
                 if self._c.mr_xsk_poll_tx(self._x) == 0 and not self._c.mr_xsk_tx_room(self._x):
-                    raise MetaroceError(f"PMTU {pmtu} does not fit a {self.frame_size}-byte frame")
+                    raise MetaroceError(f"PMTU {pmtu} does not fit a {self.frame_cap}-byte frame")
                 continue                              # rings full: completions are draining
             packets += n
         return packets
 
     def in_flight(self) -> int:
+        """Frames queued whose descriptors have not all completed (reaps completions first)."""
         return self._c.mr_xsk_poll_tx(self._x)
+
+    def tx_room(self) -> int:
+        """Frames of any length up to frame_cap that can be queued now."""
+        return self._c.mr_xsk_tx_room(self._x)
 
     def stats(self) -> dict:
         st = self._ffi.new("struct mr_xsk_stats *")
         self._c.mr_xsk_get_stats(self._x, st)
-        return {k: getattr(st, k) for k in ("tx_queued", "tx_completed", "kicks", "kick_busy",
-                                            "kick_deferred",
-                                            "tx_ring_full", "tx_bytes", "kern_tx_invalid_descs",
-                                            "kern_tx_ring_empty_descs")}
+        return {k: getattr(st, k) for k in XSK_STATS}

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import MetaroceError
-from ..fastpath.xsk import XDP_COPY, _lib
+from ..fastpath.xsk import XDP_COPY, XDP_USE_SG, _lib
 from .rx import RxPath
 
 RD_DEPTH = 16
@@ -45,6 +45,16 @@ def busy_poll_ns() -> int:
     return int(us * 1000)
 
 
+def xsk_sg_wanted() -> bool:
+    """Multi-buffer AF_XDP transmit (XDP_USE_SG: frames of two 4 KiB chunks, so PMTU 4096 on a
+    link of MTU 9000) unless METAROCE_XSK_SG=0; a kernel that refuses it gets a socket without
+    it either way."""
+    raw = os.environ.get("METAROCE_XSK_SG", "1")
+    if raw not in ("0", "1"):
+        raise MetaroceError(f"METAROCE_XSK_SG must be 0 or 1, not {raw!r}")
+    return raw == "1"
+
+
 @dataclass
 class AsyncEvent:
     type: str                # "CQ_ERR" or "QP_FATAL"
@@ -72,11 +82,10 @@ class DataPath:
         cfg.qps_fd = rx.qps_fd
         cfg.max_qps, cfg.max_mrs, cfg.max_cqs = max_qps, max_mrs, max_cqs
         cfg.xsk_frames, cfg.xsk_frame_size, cfg.xsk_ring, cfg.xsk_budget = 4096, 4096, 2048, 512
-        cfg.xsk_bind_flags = XDP_COPY
+        cfg.xsk_bind_flags = XDP_COPY | (XDP_USE_SG if xsk_sg_wanted() else 0)
         cfg.min_rto_ns = rto_min_ns()
         cfg.busy_poll_ns = busy_poll_ns()
         self.min_rto_ns = int(cfg.min_rto_ns)
-        self.frame_size = int(cfg.xsk_frame_size)
         err = self.ffi.new("int *")
         stage = self.ffi.new("const char **")
         self.d = self.c.mr_dp_new(cfg, err, stage)
@@ -84,6 +93,8 @@ class DataPath:
             what = self.ffi.string(stage[0]).decode()
             raise MetaroceError(f"the data path of ifindex {ifindex}: {what}: "
                                 f"{os.strerror(err[0])}")
+        self.frame_cap = int(self.c.mr_dp_frame_cap(self.d))   # the largest frame it sends
+        self.sg = bool(self.c.mr_dp_xsk_sg(self.d))
         self._async = self.ffi.new("struct mr_dp_async[64]")
         self._cqes = self.ffi.new("struct mr_cqe[256]")
 
@@ -224,4 +235,5 @@ class DataPath:
     def xsk_stats(self) -> dict:
         st = self.ffi.new("struct mr_xsk_stats *")
         self.c.mr_dp_xsk_stats(self.d, st)
-        return {name: int(getattr(st, name)) for name, _ in self.ffi.typeof(st[0]).fields}
+        out = {name: int(getattr(st, name)) for name, _ in self.ffi.typeof(st[0]).fields}
+        return {**out, "sg": self.sg, "frame_cap": self.frame_cap}

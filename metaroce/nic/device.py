@@ -31,10 +31,22 @@ WINDOW_PKTS = 1024       # request packets in flight per QP (compat: the go-back
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
 MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
 # the end-to-end checks a device may accept for its MetaRoCE connections, strongest first (spec
-# 5.9): the RoCEv2 ICRC always; the IPv4 header and UDP checksums in its place only when both
+# 5.7): the RoCEv2 ICRC always; the IPv4 header and UDP checksums in its place only when both
 # devices accept them (INT-1: the strongest check both ends offer is the connection's)
 INTEGRITY = ("icrc", "csum")
 INT_ICRC, INT_CSUM = 0, 1    # nic_qp.integrity (bpf/nic/nic_consts.h)
+ROCE_MTUS = (256, 512, 1024, 2048, 4096)
+
+
+def largest_pmtu(link_mtu: int, frame_cap: int) -> int:
+    """The largest RoCE MTU whose packets (IPv6, UDP, BTH, the longest extension headers, pad,
+    ICRC) fit an IP packet of link_mtu bytes and, with their Ethernet header, a frame of
+    frame_cap bytes (the AF_XDP socket's largest: 4096 in one UMEM chunk, 8192 in two with
+    XDP_USE_SG). 256 at the least."""
+    room = min(link_mtu, frame_cap - 14) - 40 - 8 - 12 - MAX_EXT - 3 - 4
+    return max([m for m in ROCE_MTUS if m <= room] or [ROCE_MTUS[0]])
+
+
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
                  "max_cqe": MAX_CQE, "max_qp_wr": 4096, "max_sge": MAX_SGE, "max_qp_rd_atom": RD_DEPTH,
                  "max_qp_init_rd_atom": RD_DEPTH, "max_mr_size": 1 << 34,
@@ -339,8 +351,9 @@ class Device:
         return "metaroce" if qp.metaroce else "roce"
 
     def max_pmtu(self) -> int:
-        """The largest RoCE MTU the link and a UMEM frame hold (the link MTU is read at most
-        once a second: a netlink round trip costs about a millisecond here)."""
+        """The largest RoCE MTU the link and the AF_XDP socket's largest frame hold (the link
+        MTU is read at most once a second: a netlink round trip costs about a millisecond here).
+        """
         now = time.monotonic()
         cached = getattr(self, "_pmtu", None)
         if cached is not None and now - cached[0] < 1.0:
@@ -348,8 +361,7 @@ class Device:
         from pyroute2 import IPRoute  # noqa: PLC0415
         with IPRoute() as ipr:
             mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-        room = min(mtu, self.dp.frame_size) - 14 - 40 - 8 - 12 - MAX_EXT - 4 - 3
-        pmtu = max(m for m in (256, 512, 1024, 2048, 4096) if m <= room)
+        pmtu = largest_pmtu(mtu, self.dp.frame_cap)
         self._pmtu = (now, pmtu)
         return pmtu
 

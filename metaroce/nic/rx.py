@@ -218,7 +218,7 @@ class RxPath:
         leaf.epsn, leaf.pd, leaf.dqpn, leaf.msn, leaf.pmtu = epsn, pd, dqpn, msn, pmtu
         leaf.rnr_timer = rnr_timer
         leaf.metaroce = int(metaroce)
-        leaf.integrity = int(integrity)     # INT_ICRC 0, INT_CSUM 1 (spec 5.9)
+        leaf.integrity = int(integrity)     # INT_ICRC 0, INT_CSUM 1 (spec 5.7)
         if peer_ip is not None:
             leaf.peer_set = 1
             leaf.peer_ip[:] = list(peer_ip.ljust(16, b"\0"))

@@ -69,7 +69,7 @@ def _port(status: dict) -> dict:
 
 def device_stats(status: dict) -> dict:
     """{"hw_counters", "port_counters", "integrity", "drops", "replies", "qps"} from a
-    daemon status document. integrity: the frames of known QPs each check verified (spec 5.9:
+    daemon status document. integrity: the frames of known QPs each check verified (spec 5.7:
     the ICRC, or the negotiated UDP checksum) and those each refused."""
     rx = status.get("counters", {})
     qps = status.get("qps", [])

@@ -472,7 +472,7 @@ class QP:
         device offers: "metaroce" selects MetaRoCE mode when this device offers it too; a peer
         that says nothing gets plain RoCEv2) and integrity (the cheapest check the peer's
         device accepts: "csum" selects the IPv4/UDP checksums in place of the ICRC on a
-        MetaRoCE connection when this device accepts them too, spec 5.9). Attribute
+        MetaRoCE connection when this device accepts them too, spec 5.7). Attribute
         integrity= overrides the remote's (the connection manager passes what it negotiated)."""
         self._remote = {"qpn": remote["qpn"], "psn": remote["psn"],
                         "ip": remote.get("ip") or remote.get("gid"), "mtu": remote.get("mtu", 1024),

@@ -37,7 +37,7 @@ def test_names_and_sources():
     assert port["port_rcv_packets"] == 5000 and port["port_rcv_data"] == 1_000_000
     assert port["port_xmit_packets"] == 2300 and port["port_xmit_data"] == 506_000
     assert port["port_rcv_errors"] == rx["malformed"] + rx["bad_icrc"] + rx["bad_csum"]
-    # spec 5.9, INT-5: what each end-to-end check verified and refused
+    # spec 5.7, INT-5: what each end-to-end check verified and refused
     assert st["integrity"] == {"icrc_checked": 4000, "csum_checked": 900,
                                "bad_icrc": rx["bad_icrc"], "bad_csum": rx["bad_csum"]}
     assert st["qps"][0]["integrity"] == "icrc"

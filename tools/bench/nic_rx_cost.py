@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-packet cost of the XDP NIC receive path (the integrity check + placement, with and
 without the ACK/SACK it generates), side by side with a pass-through XDP program (the floor) in
-the same run, for each check a QP can have (spec 5.9): RoCEv2 mode with the ICRC, MetaRoCE mode
+the same run, for each check a QP can have (spec 5.7): RoCEv2 mode with the ICRC, MetaRoCE mode
 with the ICRC, and MetaRoCE mode with the negotiated IPv4/UDP checksums (CSUM). Uses
 BPF_PROG_TEST_RUN single runs (the kernel times each), median of 200 per run, median of --runs
 runs; every program is timed the same way, so the ratios are fair.
@@ -84,7 +84,7 @@ def main() -> int:
             row[f"{name}_place_and_ack_ns"] = ack
             row[f"{name}_ns_per_kib"] = round(place * 1024 / size, 1)
             row[f"{name}_gbps_per_core"] = round(size * 8 / max(place, 1), 2)
-        # the pre-5.9 names: compat mode with the ICRC
+        # the names from before the integrity option: compat mode with the ICRC
         row["place_ns"] = row["roce_icrc_place_ns"]
         row["place_and_ack_ns"] = row["roce_icrc_place_and_ack_ns"]
         row["ratio_vs_pass"] = round(row["place_ns"] / max(row["pass_through_ns"], 1), 1)
