@@ -56,3 +56,24 @@ def lab_name():
 @pytest.fixture(scope="module")
 def module_lab_name():
     yield from _lab("m")
+
+
+@pytest.fixture(scope="module")
+def rx_path():
+    """Load the NIC's XDP program (not attached) for BPF_PROG_TEST_RUN tests: call it with the
+    RxPath sizes; closed after the module."""
+    from metaroce.nic.rx import RxPath
+    made = []
+
+    def make(max_qps: int = 16, max_mrs: int = 16):
+        made.append(RxPath(max_qps=max_qps, max_mrs=max_mrs))
+        return made[-1]
+    yield make
+    for path in made:
+        path.close()
+
+
+@pytest.fixture(scope="module")
+def rx(rx_path):
+    """The NIC's XDP program for 16 QPs and 16 MRs, one per test module."""
+    return rx_path()

@@ -81,6 +81,18 @@ def connect_pair(view, a, b, port, v6=False, **kw):
     return conn, out
 
 
+def write_and_check(a, b, conn, n):
+    """n random bytes WRITTEN from a's region into b's (the rkey the server sent as private
+    data): completed and verified."""
+    rkey = int.from_bytes(conn.private_data[4:8], "big")
+    data = os.urandom(n)
+    a.mr.write(data)
+    conn.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, len(data))],
+                             remote_addr=b.mr.addr, rkey=rkey))
+    assert a.cq.wait(1)[0].status == IBV_WC_SUCCESS
+    assert b.mr.read(len(data)) == data
+
+
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     view, a, b = sides
@@ -91,13 +103,7 @@ def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     assert ca.private_data[:4] == b"srv:" and cb.private_data == b"hello"
     assert ca.remote["qpn"] == cb.qp.qp_num and cb.remote["qpn"] == ca.qp.qp_num
     assert ca.qp.query()["mode"] == cb.qp.query()["mode"] == "metaroce"
-    rkey = int.from_bytes(ca.private_data[4:8], "big")
-    data = os.urandom(300000)
-    a.mr.write(data)
-    ca.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, len(data))],
-                           remote_addr=b.mr.addr, rkey=rkey))
-    assert a.cq.wait(1)[0].status == IBV_WC_SUCCESS
-    assert b.mr.read(len(data)) == data
+    write_and_check(a, b, ca, 300000)
     # CM-9: DISCONNECT moves the peer's QP to ERR: its posted receive is flushed
     cb.qp.post_recv(RecvWR(wr_id=77, sg_list=[b.mr.sge(0, 64)]))
     t = threading.Thread(target=cb.wait_disconnect, args=(5,))
@@ -122,13 +128,7 @@ def test_csum_is_negotiated_only_when_both_devices_take_it(sides):
         cb = out["conn"]
         assert ca.integrity == cb.integrity == "csum" and ca.caps & 0x40 and cb.caps & 0x40
         assert ca.qp.query()["integrity"] == cb.qp.query()["integrity"] == "csum"
-        rkey = int.from_bytes(ca.private_data[4:8], "big")
-        data = os.urandom(200000)
-        a.mr.write(data)
-        ca.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, len(data))],
-                               remote_addr=b.mr.addr, rkey=rkey))
-        assert a.cq.wait(1)[0].status == IBV_WC_SUCCESS
-        assert b.mr.read(len(data)) == data
+        write_and_check(a, b, ca, 200000)
         for side in (a, b):                  # data one way, SACKs the other: both checked
             port = side.ctx.status()["port"]
             assert port["rcv_csum_checked"] > 0, port

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from metaroce.conformance.tester import reicrc
-from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, RxPath
+from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE
 from metaroce.wire import consts as C
 from metaroce.wire.headers import BTH, PETH, RETH
 from metaroce.wire.packet import UDP, Ethernet, IPv4, IPv6, RocePacket, parse_frame, \
@@ -23,13 +23,6 @@ QPN, PD, PEER = 0x000a11, 5, 0x000b22
 INT_ICRC, INT_CSUM = 0, 1
 O = C.Opcode
 ALL = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ
-
-
-@pytest.fixture(scope="module")
-def rx():
-    path = RxPath(max_qps=16, max_mrs=16)
-    yield path
-    path.close()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ, \
-    ACCESS_REMOTE_WRITE, RxPath
+    ACCESS_REMOTE_WRITE
 from metaroce.wire import consts as C
 from metaroce.wire.headers import AETH, BTH, PETH, RETH, SACKETH, AtomicETH, ImmDt
 from metaroce.wire.packet import UDP, Ethernet, IPv4, IPv6, RocePacket, parse_frame
@@ -25,13 +25,6 @@ QPN, PD, PEER = 0x000777, 3, 0x000888
 MTU = 256
 O = C.Opcode
 ALL = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
-
-
-@pytest.fixture(scope="module")
-def rx():
-    path = RxPath(max_qps=16, max_mrs=16)
-    yield path
-    path.close()
 
 
 @pytest.fixture

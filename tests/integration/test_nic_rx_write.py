@@ -14,7 +14,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE, RxPath
+from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE
 
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 QPN, PD, PEER_QPN = 0x000123, 7, 0x000456
@@ -22,10 +22,8 @@ WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 
 
 
 @pytest.fixture(scope="module")
-def rx():
-    path = RxPath(max_qps=64, max_mrs=64)
-    yield path
-    path.close()
+def rx(rx_path):
+    return rx_path(max_qps=64, max_mrs=64)
 
 
 def reth(va, rkey, length):

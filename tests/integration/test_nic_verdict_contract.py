@@ -22,7 +22,7 @@ from metaroce.engine import packets as P
 from metaroce.engine import psn as psnm
 from metaroce.engine.verdict import PktFields, RespState, Verdict, responder_verdict
 from metaroce.nic.rx import (ACCESS_LOCAL_WRITE, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
-                             ACCESS_REMOTE_WRITE, RQ_DEPTH, RxPath)
+                             ACCESS_REMOTE_WRITE, RQ_DEPTH)
 from metaroce.wire import consts as C
 from metaroce.wire.headers import BTH as BTH_, PETH, RETH, AtomicETH, ImmDt
 from metaroce.wire.packet import UDP as UDP_, Ethernet, IPv4, RocePacket
@@ -188,13 +188,6 @@ class Stream:
             if want.verdict is not Verdict.ACCEPT:
                 break                                        # the rest of the message is moot
         self.refill()
-
-
-@pytest.fixture(scope="module")
-def rx():
-    path = RxPath(max_qps=16, max_mrs=16)
-    yield path
-    path.close()
 
 
 ALL_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
