@@ -1,11 +1,12 @@
 /* The lab fabric: programs on every link end of a MetaRoCE lab.
  *   fabric_host_xdp    host ends until MetaRoCE attaches its own: count, pass
  *   fabric_port_xdp    switch-side ends, XDP: count, loss for traffic arriving (a -> b),
- *                      forwarding to another port of the same switch when neither side is
- *                      impaired or shaped (devmap redirect; the bridge and tc are skipped)
+ *                      forwarding to another port of the same switch when neither side
+ *                      duplicates, reorders or shapes (devmap redirect; the bridge and tc are
+ *                      skipped), with the leaving port's loss (b -> a) drawn here for it
  *   fabric_port_tc_in  switch-side ends, tc ingress: duplication, reordering (a -> b)
  *   fabric_port_tc_out switch-side ends, tc egress: ECN virtual queue, loss, duplication,
- *                      reordering (b -> a), count
+ *                      reordering (b -> a) of the frames the stack sends, count
  * Rate limiting itself is an htb qdisc on the switch-side egress, set up by the loader.
  * The XDP programs are frags-aware (loaded with BPF_F_XDP_HAS_FRAGS): a frame larger than a page
  * (MTU 9000) arrives in several buffers, the headers in the first; they read it with
@@ -30,8 +31,12 @@ int fabric_host_xdp(struct xdp_md *ctx)
 
 /* Redirect the frame to the port its destination MAC is behind, on the same switch, when
  * neither this port's arrival side nor that port's departure side needs the stack; else
- * XDP_PASS (the bridge, tc and htb). The egress port's transmit counters count it here. */
-static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len)
+ * XDP_PASS (the bridge, tc and htb). A redirected frame never passes the leaving port's tc
+ * egress, so that direction's loss is drawn here, from the same sequence and counters, once the
+ * redirect is certain (a frame the devmap refuses goes to the stack and is drawn there). The
+ * egress port's transmit counters count the frames that leave. */
+static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
+                                   const struct pkt_info *pi)
 {
     __u32 in_slot = port * 2 + DIR_IN;
     struct port_cfg *in = port_cfg.lookup(&port);
@@ -44,16 +49,30 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len)
     if (!found)
         return XDP_PASS;
     __u32 out_port = *found, out_slot = out_port * 2 + DIR_OUT;
+    struct impair_cfg *cfg = impair_cfg.lookup(&out_slot);
     if (out_port == port || !fast_egress(port_cfg.lookup(&out_port), in->domain) ||
-        needs_tc(impair_cfg.lookup(&out_slot), stash.lookup(&out_slot)))
+        needs_tc(cfg, stash.lookup(&out_slot)))
+        return XDP_PASS;
+    struct port_stats *out = port_stats.lookup(&out_port);
+    struct impair_stats *st = impair_stats.lookup(&out_slot);
+    struct impair_seq *sq = impair_seq.lookup(&out_slot);
+    if (!out || !st || !sq)
         return XDP_PASS;
     int action = tx_ports.redirect_map(out_port, XDP_PASS);
-    struct port_stats *out = port_stats.lookup(&out_port);
-    if (action == XDP_REDIRECT && out) {
-        out->tx_packets++;
-        out->tx_bytes += len;
+    if (action != XDP_REDIRECT)
+        return action;
+    /* as fabric_port_tc_out does: every frame the impairment applies to takes one draw */
+    if (impair_applies(cfg, pi)) {
+        st->matched++;
+        __u64 roll = draw(sq, cfg->seed);
+        if (cfg->loss && (__u32)roll < cfg->loss) {
+            st->lost++;
+            return XDP_DROP;   /* the redirect target the helper noted is only read on XDP_REDIRECT */
+        }
     }
-    return action;
+    out->tx_packets++;
+    out->tx_bytes += len;
+    return XDP_REDIRECT;
 }
 
 int fabric_port_xdp(struct xdp_md *ctx)
@@ -72,14 +91,17 @@ int fabric_port_xdp(struct xdp_md *ctx)
     struct impair_cfg *cfg = impair_cfg.lookup(&slot);
     struct impair_stats *st = impair_stats.lookup(&slot);
     struct impair_seq *sq = impair_seq.lookup(&slot);
-    if (!cfg || !st || !sq || !impair_applies(cfg, &pi))
-        return forward(ctx, port, len);
-    st->matched++;
-    if (cfg->loss && (__u32)draw(sq, cfg->seed) < cfg->loss) {
-        st->lost++;
-        return XDP_DROP;
+    if (!cfg || !st || !sq)
+        return XDP_PASS;
+    if (impair_applies(cfg, &pi)) {
+        st->matched++;
+        if (cfg->loss && (__u32)draw(sq, cfg->seed) < cfg->loss) {
+            st->lost++;
+            return XDP_DROP;
+        }
     }
-    return XDP_PASS;
+    /* duplication and reordering of this direction need tc: forward() passes such frames on */
+    return forward(ctx, port, len, &pi);
 }
 
 int fabric_port_tc_in(struct __sk_buff *skb)
@@ -138,18 +160,25 @@ int fabric_port_tc_out(struct __sk_buff *skb)
         else
             ps->ecn_not_ect++;
     }
-    if (maybe_release(skb, DIR_OUT, s, sc, &pi))
-        return count_tx(ps, skb, TC_ACT_OK);
     struct impair_cfg *cfg = impair_cfg.lookup(&slot);
     struct impair_stats *st = impair_stats.lookup(&slot);
     struct impair_seq *sq = impair_seq.lookup(&slot);
-    if (!cfg || !st || !sq || !impair_applies(cfg, &pi))
-        return count_tx(ps, skb, TC_ACT_OK);
-    st->matched++;
-    __u64 roll = draw(sq, cfg->seed);
-    if (cfg->loss && (__u32)roll < cfg->loss) {
-        st->lost++;
-        return TC_ACT_SHOT;
+    int applies = cfg && st && sq && impair_applies(cfg, &pi);
+    __u64 roll = 0;
+    /* Every frame the impairment applies to takes its draw first, also one that would carry a
+     * held frame out: a lost frame never reaches the wire, so it neither leaves nor lets the
+     * held one go (as on arrival, where XDP drops it before tc_in sees it). */
+    if (applies) {
+        st->matched++;
+        roll = draw(sq, cfg->seed);
+        if (cfg->loss && (__u32)roll < cfg->loss) {
+            st->lost++;
+            return TC_ACT_SHOT;
+        }
     }
+    if (maybe_release(skb, DIR_OUT, s, sc, &pi))
+        return count_tx(ps, skb, TC_ACT_OK);
+    if (!applies)
+        return count_tx(ps, skb, TC_ACT_OK);
     return count_tx(ps, skb, dup_or_hold(skb, DIR_OUT, cfg, s, roll, st, &pi));
 }

@@ -34,7 +34,8 @@ struct impair_stats {
     __u64 stash_busy;      /* reorder chosen but the slot's stash was occupied */
 };
 
-/* Per slot: the counter behind the deterministic draws (shared by all CPUs). */
+/* Per slot: the counter behind the deterministic draws (shared by all CPUs, by XDP and tc);
+ * the loader sets it back to 0 whenever it sets the slot's impairment. */
 struct impair_seq {
     __u64 n;
 };

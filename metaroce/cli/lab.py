@@ -86,8 +86,9 @@ def status(name, as_json):
             if "tx_packets" in c:
                 extra = f" ecn_marked {c['ecn_marked']} queue_drops {c['queue_drops']}"
             imp = c["impair"]
-            click.echo(f"  {d}: rx {c['rx_packets']} pkts {c['rx_bytes']} B{extra}"
-                       f" | impair lost {imp['lost']} dup {imp['duplicated']} reordered {imp['reordered']}")
+            click.echo(f"  {d}: forwarding {l['forwarding'][d]} | rx {c['rx_packets']} pkts "
+                       f"{c['rx_bytes']} B{extra} | impair lost {imp['lost']} "
+                       f"dup {imp['duplicated']} reordered {imp['reordered']}")
 
 
 @lab.command()

@@ -92,10 +92,22 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
 
 def forwarding(plan: LabPlan) -> str:
     """How switches pass frames between hosts: 'xdp' (a redirect between ports: unshaped L2
-    switches) or 'stack' (the bridge, tc and htb; routers always). Impairing a link direction
-    sends that direction through the stack while it lasts."""
+    switches) or 'stack' (the bridge, tc and htb; routers always). Duplicating or reordering a
+    link direction sends that direction through the stack while it lasts (see
+    direction_forwarding); loss alone does not."""
     routed = any(n.forwarding for n in plan.nodes)
     return "stack" if plan.rate_bps or routed or not plan.stations() else "xdp"
+
+
+def direction_forwarding(lab_forwarding: str, impair: dict | None) -> str:
+    """How the frames of one link direction cross its switch-side port (needs_tc() in
+    bpf/lab/fabric_fwd.h): 'xdp' in an XDP-forwarding lab unless the direction duplicates or
+    reorders (tc does those, so all its frames take the stack); loss is drawn in XDP.
+    Broadcasts and frames for stations behind a port that takes the stack cross the bridge
+    whatever this says."""
+    if lab_forwarding != "xdp":
+        return "stack"
+    return "stack" if impair and (impair.get("dup") or impair.get("reorder")) else "xdp"
 
 
 def down(name: str) -> dict:
@@ -173,9 +185,13 @@ class LabView:
         fab = fabric.Fabric(self.name) if counters else None
         try:
             for l in self.plan.links:
+                impair = self.record["impair"].get(l.name, {})
+                lab_fwd = self.record.get("forwarding", "stack")
                 entry = {"name": l.name, "a": self._end(*l.a), "b": self._end(*l.b),
                          "rate": self.plan.rate_bps, "ecn_threshold": self.plan.ecn_threshold,
-                         "impair": self.record["impair"].get(l.name, {})}
+                         "impair": impair,
+                         "forwarding": {d: direction_forwarding(lab_fwd, impair.get(d))
+                                        for d in ("a-b", "b-a")}}
                 if fab:
                     entry["counters"] = {"a-b": self._direction(fab, l.a, l.b, DIR_IN, l.b),
                                          "b-a": self._direction(fab, l.b, l.a, DIR_OUT, l.b)}

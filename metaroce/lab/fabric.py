@@ -54,6 +54,7 @@ LAYOUTS = {
     "impair_cfg": Layout("<6IQ", ("flags", "loss", "dup", "reorder", "reorder_depth", "pad",
                                   "seed"), False),
     "impair_stats": Layout("<5Q", ("matched", "lost", "duplicated", "reordered", "stash_busy"), True),
+    "impair_seq": Layout("<Q", ("n",), False),
     "ecn_cfg": Layout("<2Q", ("rate_Bps", "threshold"), False),
     "port_cfg": Layout("<2I", ("domain", "flags"), False),
 }
@@ -108,7 +109,16 @@ class Fabric:
         return self._read("impair_cfg", port * 2 + direction)
 
     def set_impair(self, port: int, direction: int, **cfg) -> None:
-        self.maps["impair_cfg"].update(port * 2 + direction, LAYOUTS["impair_cfg"].pack(**cfg))
+        """Set a port direction's impairment and start its draw sequence over: the frames it
+        considers from now on take draws 0, 1, 2, … of the seed (same seed, same traffic:
+        same frames lost), on the XDP and the tc path alike."""
+        slot = port * 2 + direction
+        self.maps["impair_cfg"].update(slot, LAYOUTS["impair_cfg"].pack(**cfg))
+        self.maps["impair_seq"].update(slot, LAYOUTS["impair_seq"].pack(n=0))
+
+    def impair_seq(self, port: int, direction: int) -> int:
+        """How many draws a port direction has taken since its impairment was last set."""
+        return self._read("impair_seq", port * 2 + direction)["n"]
 
     def set_ecn(self, port: int, rate_bps: int, threshold: int) -> None:
         self.maps["ecn_cfg"].update(port, LAYOUTS["ecn_cfg"].pack(rate_Bps=rate_bps // 8,

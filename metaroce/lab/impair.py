@@ -50,6 +50,26 @@ def threshold(p: float) -> int:
     return min(int(round(p * 2**32)), 2**32 - 1)
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser, as bpf/lab/fabric_helpers.h computes it."""
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def lost_draws(seed: int, loss: float, count: int, start: int = 0) -> list[int]:
+    """Which of draws start .. start+count-1 of a port direction lose their frame: the fabric's
+    own computation, so a test can predict exactly which frames a seeded loss drops (draw n is
+    the n-th frame the impairment considered since it was set)."""
+    thr = threshold(loss)
+    return [n for n in range(start, start + count)
+            if thr and (_mix64(seed ^ _mix64(n)) & 0xFFFFFFFF) < thr]
+
+
 def directions(which: str) -> list[str]:
     if which not in DIRECTIONS:
         raise UsageError(f"--dir must be one of {', '.join(DIRECTIONS)}")

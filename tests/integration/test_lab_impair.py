@@ -1,4 +1,5 @@
-"""Impairment on the switch side of a link: loss (XDP on arrival, tc on departure),
+"""Impairment on the switch side of a link: loss (XDP on arrival; on departure XDP for the
+frames a switch redirects, tc for those the bridge sends),
 duplication (tc clone-redirect) and reordering (tc hold-and-release), each within ±30 % of
 the asked fraction over 20,000 frames with a fixed seed; only UDP 4791 unless --all-traffic."""
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from metaroce.lab import core
-from metaroce.lab.impair import Impairment
+from metaroce.lab.impair import Impairment, lost_draws
 from metaroce.lab.traffic import run_flow
 
 N = 20_000
@@ -69,18 +70,23 @@ def test_impairment_fraction(pair, kind, direction):
         assert res.late <= delta["reordered"] <= res.late + FLUSH, (delta, res)
 
 
-def test_same_seed_same_losses(pair):
-    runs = []
-    for _ in range(2):
-        pair.impair("h1-sw1", "a-b", Impairment(loss=0.2, seed=7).validate())
+@pytest.mark.parametrize("direction", ["a-b", "b-a"])
+def test_same_seed_same_losses(pair, direction):
+    """Setting an impairment starts its draw sequence over, so the same seed drops the same
+    frames of the same traffic: exactly the ones the fabric's splitmix64 draws predict,
+    whichever path (XDP on arrival, XDP redirect or tc on departure) draws them."""
+    patterns = []
+    for seed in (7, 7, 8):
+        pair.impair("h1-sw1", direction, Impairment(loss=0.2, seed=seed).validate())
         try:
-            res = _flow(pair, "a-b", count=2000)
+            res = _flow(pair, direction, count=2000)
         finally:
-            pair.impair("h1-sw1", "a-b", None)
-        runs.append(res)
-    assert runs[0].lost > 0
-    # the draw counter keeps running across runs, so compare the statistics, not the frames
-    assert abs(runs[0].lost - runs[1].lost) < 0.3 * runs[0].lost
+            pair.impair("h1-sw1", direction, None)
+        assert res.sent == 2000 and res.duplicates == 0
+        patterns.append(sorted(set(range(2000)) - res.seen))
+    assert patterns[0] == patterns[1] == lost_draws(7, 0.2, 2000)
+    assert patterns[2] == lost_draws(8, 0.2, 2000) != patterns[0]
+    assert _within(len(patterns[0]) / 2000, 0.2)
 
 
 def test_only_roce_unless_all_traffic(pair):

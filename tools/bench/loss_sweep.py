@@ -4,12 +4,14 @@ against RoCEv2 compat mode (go-back-N) and TCP (iperf3), on the same lab link, s
 
 A two-host lab; both devices offer MetaRoCE; for each loss rate the lab's XDP impairment drops
 that fraction of frames in both directions of h1's link (the same seeded draw for every
-contender), then each contender runs for --seconds: RDMA WRITEs of --size bytes with --depth in
-flight on one QP (goodput = bytes completed / time; completion time of each message from post to
-its completion), and iperf3 for TCP goodput. Repeated --runs times, alternating contenders;
-medians (min, max) go to JSON and a PNG plot.
+contender; every IP frame, TCP's too, unless --roce-only), then each contender runs for
+--seconds: RDMA WRITEs of --size bytes with --depth in flight on one QP (goodput = bytes
+completed / time; completion time of each message from post to its completion), and iperf3 for
+TCP goodput. Loss alone keeps the lab's switch forwarding in XDP, so every contender crosses the
+same path with and without loss. Repeated --runs times, alternating contenders; medians (min,
+max) go to JSON and a PNG plot.
 
-    sudo .venv/bin/python tools/bench/loss_sweep.py [--quick | --full] [--json]
+    sudo .venv/bin/python tools/bench/loss_sweep.py [--quick | --full] [--roce-only] [--lab NAME] [--json]
 """
 
 from __future__ import annotations
@@ -113,12 +115,15 @@ def main() -> int:
     g.add_argument("--full", action="store_true", help="5 runs of 4 s at 0, 0.01, 0.1, 1, 5 %%")
     ap.add_argument("--size", type=int, default=256 * 1024)
     ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--roce-only", action="store_true",
+                    help="impair only UDP 4791 (RoCE), as before: TCP then runs without loss")
+    ap.add_argument("--lab", default=LAB, help=f"lab name (default {LAB})")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     runs, secs, losses = ((5, 4, [0, 0.0001, 0.001, 0.01, 0.05]) if a.full else
                           (3, 2, [0, 0.001, 0.01, 0.05]))
     points = []
-    with two_hosts(LAB) as lab:
+    with two_hosts(a.lab) as lab:
         view = lab.view
         c1 = Context("eth0", lab.ns1, timeout_s=120)
         c2 = Context("eth0", lab.ns2, timeout_s=120)
@@ -126,7 +131,8 @@ def main() -> int:
             raw = {"metaroce": [], "roce": [], "tcp": []}
             for r in range(runs):
                 print(f"loss_sweep: loss {loss:.2%} run {r + 1}/{runs}", file=sys.stderr)
-                imp = Impairment(loss=loss, seed=100 + r).validate() if loss else None
+                imp = (Impairment(loss=loss, seed=100 + r, all_traffic=not a.roce_only).validate()
+                       if loss else None)
                 view.impair("h1-sw1", "both", imp)
                 for mode in ("metaroce", "roce"):
                     try:
@@ -147,7 +153,7 @@ def main() -> int:
         c1.close()
         c2.close()
     doc = {**header("loss_sweep"), "runs": runs, "seconds": secs, "size": a.size,
-           "depth": a.depth, "points": points}
+           "depth": a.depth, "impaired": "udp 4791" if a.roce_only else "all ip", "points": points}
     out = os.path.join(HERE, "results", "loss_sweep.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     doc["plot"] = plot(doc)
