@@ -4,6 +4,8 @@
  *                      forwarding to another port of the same switch when neither side
  *                      duplicates, reorders or shapes (devmap redirect; the bridge and tc are
  *                      skipped), with the leaving port's loss (b -> a) drawn here for it
+ *   fabric_cpu_xdp     a switch's frames handed over to another CPU (cpumap): sent on to the
+ *                      port forward() chose, from that CPU
  *   fabric_port_tc_in  switch-side ends, tc ingress: duplication, reordering (a -> b)
  *   fabric_port_tc_out switch-side ends, tc egress: ECN virtual queue, loss, duplication,
  *                      reordering (b -> a) of the frames the stack sends, count
@@ -58,7 +60,17 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     struct impair_seq *sq = impair_seq.lookup(&out_slot);
     if (!out || !st || !sq)
         return XDP_PASS;
-    int action = tx_ports.redirect_map(out_port, XDP_PASS);
+    int action = XDP_PASS, steered = 0;
+    if ((in->flags & PORT_STEER) && in->cpus > 1 && in->cpus <= MAX_CPUS) {
+        /* the next CPU sends it on (fabric_cpu_xdp): on veth, XDP runs on the CPU that
+         * transmitted, so without this the sender's CPU also ran the switch and the receiving
+         * host for every frame it sent */
+        __u32 cpu = (bpf_get_smp_processor_id() + 1) % in->cpus;
+        action = cpus.redirect_map(cpu, 0);
+        steered = action == XDP_REDIRECT;
+    }
+    if (!steered)
+        action = tx_ports.redirect_map(out_port, XDP_PASS);
     if (action != XDP_REDIRECT)
         return action;
     /* as fabric_port_tc_out does: every frame the impairment applies to takes one draw */
@@ -72,7 +84,38 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     }
     out->tx_packets++;
     out->tx_bytes += len;
+    if (steered) {
+        __u32 k = STEER_HANDED;
+        __u64 *n = steer_stats.lookup(&k);
+        if (n)
+            (*n)++;
+    }
     return XDP_REDIRECT;
+}
+
+/* A frame forward() handed to this CPU: to the port its destination is behind (the same
+ * lookup; ingress_ifindex is still the port it arrived on). Impairment and counters were
+ * applied when it was handed over; if that port has gone meanwhile the frame is dropped. */
+int fabric_cpu_xdp(struct xdp_md *ctx)
+{
+    __u32 port = ctx->ingress_ifindex;
+    struct port_cfg *in = port_cfg.lookup(&port);
+    if (!in || !in->domain)
+        return XDP_DROP;
+    struct fdb_key key = {.domain = in->domain};
+    if (bpf_xdp_load_bytes(ctx, 0, key.mac, sizeof(key.mac)))
+        return XDP_DROP;
+    __u32 *found = fdb.lookup(&key);
+    if (!found)
+        return XDP_DROP;
+    int action = tx_ports.redirect_map(*found, XDP_DROP);
+    if (action == XDP_REDIRECT) {
+        __u32 k = STEER_FORWARDED;
+        __u64 *n = steer_stats.lookup(&k);
+        if (n)
+            (*n)++;
+    }
+    return action;
 }
 
 int fabric_port_xdp(struct xdp_md *ctx)

@@ -35,6 +35,15 @@
 
 /* port_cfg.flags */
 #define PORT_SHAPED (1U << 0)   /* egress rate-limited (htb) and ECN-marked: frames to it take tc */
+#define PORT_STEER  (1U << 1)   /* frames it forwards in XDP leave from another CPU (cpumap) */
+
+/* CPUs a switch may hand frames to (cpumap entries); port_cfg.cpus says how many are used */
+#define MAX_CPUS 64
+
+/* steer_stats (per CPU) */
+#define STEER_HANDED 0          /* frames this CPU's port program handed to another CPU */
+#define STEER_FORWARDED 1       /* frames this CPU's cpumap program sent on to their port */
+#define STEER_NSTATS 2
 
 /* The virtual queue forgets idle time beyond this (keeps rate * elapsed within 64 bits). */
 #define VQ_MAX_IDLE_NS 1000000000ULL

@@ -16,5 +16,10 @@ BPF_ARRAY(vqueue, struct vqueue, MAX_PORTS);
 BPF_ARRAY(port_cfg, struct port_cfg, MAX_PORTS);
 BPF_HASH(fdb, struct fdb_key, __u32, MAX_PORTS);
 BPF_DEVMAP(tx_ports, MAX_PORTS);             /* ifindex -> the same switch port, for redirects */
+/* CPU -> its queue and the program that sends a handed-over frame on (fabric_cpu_xdp): a
+ * switch's forwarding runs on another CPU than the link that brought the frame, as a switch is
+ * other hardware than the hosts around it */
+BPF_XDP_REDIRECT_MAP("cpumap", struct bpf_cpumap_val, cpus, MAX_CPUS);
+BPF_PERCPU_ARRAY(steer_stats, __u64, STEER_NSTATS);
 
 #endif

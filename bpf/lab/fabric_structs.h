@@ -70,7 +70,8 @@ struct vqueue {
 /* Per switch-side port: whether and where its frames may be forwarded in XDP. */
 struct port_cfg {
     __u32 domain;          /* the L2 switch (bridge) the port is in; 0 = none: never forwarded */
-    __u32 flags;           /* PORT_SHAPED */
+    __u32 flags;           /* PORT_SHAPED, PORT_STEER */
+    __u32 cpus;            /* PORT_STEER: the CPUs 0 .. cpus - 1 frames are handed over to */
 };
 
 /* A station (MAC) behind a port of an L2 switch: the bridge's static forwarding entries. */

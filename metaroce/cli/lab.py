@@ -26,17 +26,24 @@ def lab():
 @click.option("--rate", default=None, help="Shape every switch egress, e.g. 1gbit, 500mbit.")
 @click.option("--ecn-threshold", type=int, default=None,
               help="Mark CE above this many bytes of virtual queue (default 65536 with --rate).")
+@click.option("--steer/--no-steer", default=True, show_default=True,
+              help="Switches forwarding in XDP hand each frame to the next CPU (a cpumap), so "
+                   "a switch and the host behind it work on another CPU than the sender, as "
+                   "other hardware would; --no-steer keeps all of a frame's path on the "
+                   "sending CPU (veth runs XDP where it transmits).")
 @json_option
-def up(name, topology, hosts, mtu, rate, ecn_threshold, as_json):
+def up(name, topology, hosts, mtu, rate, ecn_threshold, steer, as_json):
     """Bring a lab up."""
-    rec = core.up(name, topology, hosts, mtu, rate, ecn_threshold)
+    rec = core.up(name, topology, hosts, mtu, rate, ecn_threshold, steer=steer)
     view = core.LabView(name)
     doc = view.status(counters=False)
     if as_json:
         emit_json(doc)
         return
+    steering = rec.get("steering", "off")
     log(f"lab {name} is up ({rec['xdp_mode']} XDP on every link end, switches forward "
-        f"{'in XDP' if rec['forwarding'] == 'xdp' else 'through the stack'})")
+        f"{'in XDP' if rec['forwarding'] == 'xdp' else 'through the stack'}"
+        f"{', on the next of ' + str(steering['cpus']) + ' CPUs' if isinstance(steering, dict) and rec['forwarding'] == 'xdp' else ''})")
     _print_nodes(doc)
 
 

@@ -48,13 +48,16 @@ def build_program(relpath: str, defines: dict | None, funcs: dict[str, str]):
 def load(bpf, name: str, prog_type: str):
     """Load one function; prog_type is 'xdp', 'xdp.frags' (an XDP program that takes
     multi-buffer frames: BPF_F_XDP_HAS_FRAGS, which BCC's load_func cannot pass, so BCC's
-    instructions go through libbpf) or 'sched_cls'. Verifier failures become one line."""
+    instructions go through libbpf), 'xdp.cpumap' (the same, run by a cpumap entry) or
+    'sched_cls'. Verifier failures become one line."""
     bcc = import_bcc()
-    if prog_type == "xdp.frags" and isinstance(bpf, bcc.BPF) and name.encode() not in bpf.funcs:
+    if prog_type in ("xdp.frags", "xdp.cpumap") and isinstance(bpf, bcc.BPF) and \
+            name.encode() not in bpf.funcs:
         from .progcache import load_kind  # noqa: PLC0415
         fd = load_kind(name, prog_type, bytes(bpf.dump_func(name.encode())))
         bpf.funcs[name.encode()] = bcc.BPF.Function(bpf, name.encode(), fd)   # closed by cleanup
-    kind = {"xdp": bcc.BPF.XDP, "xdp.frags": bcc.BPF.XDP, "sched_cls": bcc.BPF.SCHED_CLS}[prog_type]
+    kind = {"xdp": bcc.BPF.XDP, "xdp.frags": bcc.BPF.XDP, "xdp.cpumap": bcc.BPF.XDP,
+            "sched_cls": bcc.BPF.SCHED_CLS}[prog_type]
     try:
         return bpf.load_func(name.encode(), kind)
     except Exception as exc:

@@ -143,6 +143,7 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, by
     return o.retval, out.raw[:o.data_size_out], o.duration
 
 
+BPF_XDP_CPUMAP = 35              # expected attach type of a cpumap entry's program
 BPF_XDP = 37
 BPF_F_XDP_HAS_FRAGS = 1 << 5     # prog_flags: the program takes multi-buffer frames
 XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE = 1 << 1, 1 << 2

@@ -25,9 +25,11 @@ from .bpftables import CachedTable
 
 FORMAT = 1
 DEFAULT_ROOT = "/var/cache/metaroce/bpf"
-PROG_TYPES = {"xdp": 6, "xdp.frags": 6, "sched_cls": 3}
-# kinds loaded with flags: (prog_flags, expected_attach_type)
-LOAD_OPTS = {"xdp.frags": (libbpf.BPF_F_XDP_HAS_FRAGS, libbpf.BPF_XDP)}
+PROG_TYPES = {"xdp": 6, "xdp.frags": 6, "xdp.cpumap": 6, "sched_cls": 3}
+# kinds loaded with flags: (prog_flags, expected_attach_type); xdp.cpumap: a program run by a
+# cpumap entry on the CPU a frame was handed to (frags-aware as well)
+LOAD_OPTS = {"xdp.frags": (libbpf.BPF_F_XDP_HAS_FRAGS, libbpf.BPF_XDP),
+             "xdp.cpumap": (libbpf.BPF_F_XDP_HAS_FRAGS, libbpf.BPF_XDP_CPUMAP)}
 MAP_IN_MAP = {12: "ARRAY", 13: "HASH"}         # ARRAY_OF_MAPS, HASH_OF_MAPS
 LD_IMM64 = 0x18
 PSEUDO_MAP_FD, PSEUDO_MAP_VALUE = 1, 2

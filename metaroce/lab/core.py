@@ -32,8 +32,9 @@ def preflight() -> None:
 
 
 def up(name: str = "lab", topology: str = "pair", hosts: int | None = None, mtu: int = 1500,
-       rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52) -> dict:
-    plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold)
+       rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52,
+       steer: bool = True) -> dict:
+    plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold, steer)
     preflight()
     if name in state.names() or namespaces_of(name):
         raise MetaroceError(f"lab {name!r} already exists (metaroce lab down --name {name})")
@@ -59,6 +60,7 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
         netdev.configure_node(node, plan.mtu, stations)
     _log(f"lab {plan.name}: compiling and attaching the fabric programs")
     bpf, fds = fabric.load_and_pin(plan.name)
+    cpus = len(fabric.steer_cpus()) if plan.steer else 0
     modes = set()
     try:
         with fabric.Fabric(plan.name) as fab:
@@ -68,7 +70,8 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
                         modes.add(fabric.attach_xdp(node.netns, itf.name, fds["host_xdp"]))
                         continue
                     port = ports[(node.name, itf.name)]
-                    fab.set_port(port, plan.switch_domain(node.name), shaped=bool(plan.rate_bps))
+                    fab.set_port(port, plan.switch_domain(node.name), shaped=bool(plan.rate_bps),
+                                 cpus=cpus)
                     modes.add(fabric.attach_xdp_link(plan.name, node.name, node.netns, itf.name,
                                                      fds["port_xdp"]))
                     fabric.attach_tc(node.netns, itf.name, fds["port_tc_in"], fds["port_tc_out"])
@@ -85,6 +88,7 @@ def _build(plan: LabPlan, hash_seed: int) -> dict:
         "ports": [{"node": n, "iface": i, "ifindex": idx} for (n, i), idx in sorted(ports.items())],
         "xdp_mode": modes.pop() if len(modes) == 1 else "mixed",
         "forwarding": forwarding(plan),
+        "steering": {"cpus": cpus} if cpus > 1 else "off",
         "hash_seed": hash_seed,
         "impair": {},
     }
@@ -201,7 +205,8 @@ class LabView:
                 fab.close()
         return {"name": self.name, "topology": self.plan.topology, "mtu": self.plan.mtu,
                 "xdp_mode": self.record["xdp_mode"],
-                "forwarding": self.record.get("forwarding", "stack"), "hosts": hosts,
+                "forwarding": self.record.get("forwarding", "stack"),
+                "steering": self.record.get("steering", "off"), "hosts": hosts,
                 "links": links}
 
     def _direction(self, fab, src, dst, impair_dir, impair_end) -> dict:

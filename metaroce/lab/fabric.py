@@ -21,12 +21,15 @@ DIR_IN, DIR_OUT = 0, 1
 IMPAIR_ENABLED, IMPAIR_ALL_TRAFFIC = 1 << 0, 1 << 1
 TC_INGRESS, TC_EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
 
-PORT_SHAPED = 1 << 0
+PORT_SHAPED, PORT_STEER = 1 << 0, 1 << 1
+MAX_CPUS = 64                     # bpf/lab/fabric_consts.h
+CPU_QUEUE = 2048                  # frames a cpumap entry queues for its CPU
 PROGRAMS = {  # pin name -> (function, type)
     "host_xdp": ("fabric_host_xdp", "xdp.frags"),
     "port_xdp": ("fabric_port_xdp", "xdp.frags"),
     "port_tc_in": ("fabric_port_tc_in", "sched_cls"),
     "port_tc_out": ("fabric_port_tc_out", "sched_cls"),
+    "cpu_xdp": ("fabric_cpu_xdp", "xdp.cpumap"),
 }
 
 
@@ -56,10 +59,10 @@ LAYOUTS = {
     "impair_stats": Layout("<5Q", ("matched", "lost", "duplicated", "reordered", "stash_busy"), True),
     "impair_seq": Layout("<Q", ("n",), False),
     "ecn_cfg": Layout("<2Q", ("rate_Bps", "threshold"), False),
-    "port_cfg": Layout("<2I", ("domain", "flags"), False),
+    "port_cfg": Layout("<3I", ("domain", "flags", "cpus"), False),
 }
 FDB_KEY = struct.Struct("<I6sH")        # struct fdb_key: domain, mac, pad
-FORWARDING_MAPS = ("fdb", "tx_ports")   # pinned too; written at `up` only
+FORWARDING_MAPS = ("fdb", "tx_ports", "cpus", "steer_stats")   # pinned too; written at `up`
 
 
 def pin_dir(lab: str) -> str:
@@ -124,10 +127,24 @@ class Fabric:
         self.maps["ecn_cfg"].update(port, LAYOUTS["ecn_cfg"].pack(rate_Bps=rate_bps // 8,
                                                                   threshold=threshold))
 
-    def set_port(self, port: int, domain: int, shaped: bool) -> None:
-        """A switch-side port's forwarding: its switch (0: never forwarded in XDP), shaping."""
+    def set_port(self, port: int, domain: int, shaped: bool, cpus: int = 0) -> None:
+        """A switch-side port's forwarding: its switch (0: never forwarded in XDP), shaping,
+        and over how many CPUs the frames it forwards in XDP are handed on (cpus > 1: each to
+        the CPU after the one it arrived on, PORT_STEER; 0 or 1: sent on where it arrived)."""
+        flags = (PORT_SHAPED if shaped else 0) | (PORT_STEER if cpus > 1 else 0)
         self.maps["port_cfg"].update(port, LAYOUTS["port_cfg"].pack(
-            domain=domain, flags=PORT_SHAPED if shaped else 0))
+            domain=domain, flags=flags, cpus=cpus if cpus > 1 else 0))
+
+    def steer_stats(self) -> dict:
+        """Per CPU: frames its port programs handed to another CPU, and frames its cpumap
+        program sent on to their port."""
+        m = libbpf.PinnedMap(os.path.join(pin_dir(self.lab), "steer_stats"), 8, True)
+        try:
+            handed = [struct.unpack("<Q", v)[0] for v in m.lookup(0)]
+            forwarded = [struct.unpack("<Q", v)[0] for v in m.lookup(1)]
+        finally:
+            m.close()
+        return {"handed": handed, "forwarded": forwarded}
 
     def port_cfg(self, port: int) -> dict:
         return self._read("port_cfg", port)
@@ -158,7 +175,20 @@ def load_and_pin(lab: str):
         fn = load(bpf, func, kind)
         libbpf.obj_pin(fn.fd, os.path.join(d, pin))
         fds[pin] = fn.fd
+    for cpu in steer_cpus():         # each CPU's queue runs fabric_cpu_xdp (PORT_STEER)
+        libbpf.map_update_raw(bpf[b"cpus"].map_fd, struct.pack("<I", cpu),
+                              struct.pack("<Ii", CPU_QUEUE, fds["cpu_xdp"]))
     return bpf, fds
+
+
+def steer_cpus() -> list[int]:
+    """The CPUs a switch hands frames over to: those this process may run on, 0 .. n - 1
+    contiguous from 0 (port_cfg.cpus is a count), at most MAX_CPUS."""
+    mine = os.sched_getaffinity(0)
+    n = 0
+    while n < MAX_CPUS and n in mine:
+        n += 1
+    return list(range(n))
 
 
 def unpin(lab: str) -> bool:

@@ -84,6 +84,7 @@ class LabPlan:
     ecn_threshold: int | None
     nodes: list[Node]
     links: list[Link]
+    steer: bool = True           # switches forward on another CPU than the link's (cpumap)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -139,7 +140,8 @@ class LabPlan:
             ))
         links = [Link(name=l["name"], a=tuple(l["a"]), b=tuple(l["b"])) for l in d["links"]]
         return cls(name=d["name"], topology=d["topology"], mtu=d["mtu"], rate_bps=d["rate_bps"],
-                   ecn_threshold=d["ecn_threshold"], nodes=nodes, links=links)
+                   ecn_threshold=d["ecn_threshold"], nodes=nodes, links=links,
+                   steer=d.get("steer", False))
 
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
@@ -190,7 +192,7 @@ class _Macs:
 
 def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None,
              mtu: int = 1500, rate: str | int | None = None,
-             ecn_threshold: int | None = None) -> LabPlan:
+             ecn_threshold: int | None = None, steer: bool = True) -> LabPlan:
     validate_name(name)
     if topology not in TOPOLOGIES:
         raise UsageError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
@@ -213,7 +215,7 @@ def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None
     builder = _flat if topology in ("pair", "star") else _leaf_spine
     nodes, links = builder(name, k, mtu, _Macs(name))
     return LabPlan(name=name, topology=topology, mtu=mtu, rate_bps=rate_bps,
-                   ecn_threshold=ecn_threshold, nodes=nodes, links=links)
+                   ecn_threshold=ecn_threshold, nodes=nodes, links=links, steer=bool(steer))
 
 
 def _connect(nodes: dict[str, Node], links: list[Link], a: str, b: str, mtu: int, macs: _Macs,

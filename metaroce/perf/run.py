@@ -122,12 +122,30 @@ class Side:
         self.ctx.close()
 
 
+def _busy(fields: list[int]) -> int:
+    """Busy ticks of a /proc/stat cpu line: user, nice, system, irq, softirq (guest time is
+    inside user already; idle, iowait and steal — time the hypervisor gave to others — are not
+    this machine's work)."""
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return user + nice + system + irq + softirq
+
+
 def busy_cpu_s() -> float:
-    """CPU-seconds the whole machine spent busy so far (the XDP data path runs in softirq,
-    charged to no process of ours, so a run's cost is measured machine-wide)."""
+    """CPU-seconds the whole machine spent busy so far, steal excluded (the XDP data path
+    runs in softirq, charged to no process of ours, so a run's cost is measured machine-wide)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    return _busy(v) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_per_cpu_s() -> list[float]:
+    """The same, per CPU (cpu0, cpu1, ...)."""
+    out = []
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                out.append(_busy([int(x) for x in line.split()[1:]]) / os.sysconf("SC_CLK_TCK"))
+    return out
 
 
 def _check(wcs) -> None:

@@ -305,3 +305,50 @@ def test_a_shaped_lab_forwards_through_the_bridge(lab_name):
     res = run_flow(view.plan.node("h1").netns, view.plan.node("h2").netns, _ip(view, "h2"), 200,
                    flush=1)
     assert res.unique == 200 and _redirects(sw, "h1") == before
+
+
+def _steer(view) -> dict:
+    from metaroce.lab import fabric
+    with fabric.Fabric(view.name) as fab:
+        return fab.steer_stats()
+
+
+def _on_cpu(cpu, fn):
+    """fn() in a thread pinned to one CPU (the sender's CPU is where veth runs XDP)."""
+    out = {}
+
+    def body():
+        os.sched_setaffinity(0, {cpu})            # this thread only
+        out["r"] = fn()
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(120)
+    return out["r"]
+
+
+def test_a_switch_forwards_on_the_next_cpu(star):
+    """Issue 21 items 3 and 5: on veth, XDP runs on the CPU that transmits, so without steering
+    the sender's CPU also ran the switch and the receiving host for every frame. A switch
+    port hands each frame it forwards in XDP to the next CPU (cpumap), which sends it on:
+    frames sent from CPU 0 are forwarded by CPU 1, and every one arrives."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to steer to")
+    assert star.status()["steering"]["cpus"] >= 2
+    before = _steer(star)
+    res = _on_cpu(0, lambda: _flow(star, "h1", "h2", n=2000, port=4998))
+    after = _steer(star)
+    handed = [a - b for a, b in zip(after["handed"], before["handed"])]
+    forwarded = [a - b for a, b in zip(after["forwarded"], before["forwarded"])]
+    assert res.unique == 2000 and res.duplicates == 0
+    assert handed[0] >= 2000 and forwarded[1] >= 2000, (handed, forwarded)
+
+
+def test_no_steer_keeps_forwarding_on_the_arrival_cpu(lab_name):
+    core.up(lab_name, "pair", steer=False)
+    view = core.LabView(lab_name)
+    assert view.status()["steering"] == "off" and view.record["forwarding"] == "xdp"
+    res = run_flow(view.plan.node("h1").netns, view.plan.node("h2").netns, _ip(view, "h2"), 300,
+                   flush=1)
+    assert res.unique == 300
+    st = _steer(view)
+    assert sum(st["handed"]) == sum(st["forwarded"]) == 0

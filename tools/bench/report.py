@@ -21,8 +21,11 @@ def g(x, scale=1.0, fmt="{:.3g}"):
 
 def vs_tcp(doc) -> list[str]:
     r = doc["results"]
-    out = [f"### MetaRoCE vs TCP, MTU {doc.get('mtu', 1500)}",
-           "", f"`sudo .venv/bin/python tools/bench/vs_tcp.py --quick --mtu {doc.get('mtu', 1500)}`"
+    steer = doc.get("steer", False)      # results from before steering ran without it
+    out = [f"### MetaRoCE vs TCP, MTU {doc.get('mtu', 1500)}"
+           f"{'' if steer else ', the lab forwarding on the sending CPU'}",
+           "", f"`sudo .venv/bin/python tools/bench/vs_tcp.py --quick --mtu {doc.get('mtu', 1500)}"
+           f"{'' if steer else ' --no-steer'}`"
            f" — {doc['machine']['host']}, kernel {doc['machine']['kernel']}, "
            f"{doc['machine']['cpus']} CPUs, {doc['date']}; median (min–max) of {doc['runs']} runs "
            f"of {doc['seconds']} s", "",
@@ -39,6 +42,9 @@ def vs_tcp(doc) -> list[str]:
            f"| 64 B half round trip p99, µs | {g(r['tcp_lat_p99_us'])} | "
            + (f"| {g(r['mr_lat_p99_us'])} | |" if "mr_csum_bps" in r else
               f"{g(r['mr_lat_p99_us'])} | | |"),
+           *([f"| share of the busy CPU time on the less busy CPU | "
+              f"{g(r['tcp_second_cpu_share'])} | | {g(r['mr_csum_second_cpu_share'])} | |"]
+             if "mr_csum_second_cpu_share" in r else []),
            *([f"| TCP on a bare veth pair (no XDP, GSO/GRO): Gbit/s, 64 B p50 µs | "
               f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} | | | |"]
              if "bare_tcp_bps" in r else []),

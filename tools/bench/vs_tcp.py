@@ -30,7 +30,7 @@ import sys
 import time
 
 from benchlab import bare_veth, header, summary, two_hosts
-from metaroce.perf.run import busy_cpu_s
+from metaroce.perf.run import busy_cpu_s, busy_per_cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -50,6 +50,15 @@ def timed(fn):
     c0, t0 = busy_cpu_s(), time.monotonic()
     out = fn()
     return out, busy_cpu_s() - c0, time.monotonic() - t0
+
+
+def second_cpu_share(fn):
+    """fn()'s result and the share of the machine's busy time (steal excluded) that fell on
+    its less busy CPU while it ran (issue 21: the second CPU's part of the work)."""
+    b0 = busy_per_cpu_s()
+    out = fn()
+    d = [b - a for a, b in zip(b0, busy_per_cpu_s())]
+    return out, (min(d) / sum(d)) if sum(d) > 0 and len(d) > 1 else 0.0
 
 
 def iperf(ns1, ns2, ip, seconds):
@@ -113,29 +122,36 @@ def main() -> int:
     g.add_argument("--full", action="store_true", help="7 runs of 5 s")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="lab link MTU (3498 is the largest native XDP on veth takes: PMTU 2048)")
+    ap.add_argument("--no-steer", action="store_true",
+                    help="the lab's switches forward on the sending CPU (lab up --no-steer)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
     a = ap.parse_args()
     runs, secs = (7, 5) if a.full else (3, 2)
-    res = {k: [] for k in ("tcp_bps", "mr_bps", "mr_csum_bps", "roce_bps", "tcp_cpu_s_per_gib",
+    res = {k: [] for k in ("tcp_bps", "mr_bps", "mr_csum_bps", "roce_bps", "tcp_second_cpu_share",
+                           "mr_csum_second_cpu_share", "tcp_cpu_s_per_gib",
                            "mr_cpu_s_per_gib", "mr_csum_cpu_s_per_gib", "roce_cpu_s_per_gib",
                            "tcp_lat_p50_us",
                            "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us",
                            "bare_tcp_bps", "bare_tcp_lat_p50_us")}
-    with two_hosts(LAB, mtu=a.mtu, integrity="csum") as lab, \
+    with two_hosts(LAB, mtu=a.mtu, integrity="csum", steer=not a.no_steer) as lab, \
             bare_veth("benchbare", mtu=a.mtu) as bare:
         ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
         for r in range(runs):
             print(f"vs_tcp: run {r + 1}/{runs}", file=sys.stderr)
-            t, cpu, _ = timed(lambda: iperf(ns1, ns2, ip, secs))
+            (t, cpu, _), share = second_cpu_share(lambda: timed(lambda: iperf(ns1, ns2, ip, secs)))
+            res["tcp_second_cpu_share"].append(share)
             res["tcp_bps"].append(t["bps"])
             res["tcp_cpu_s_per_gib"].append(cpu / (t["bytes"] / gib))
             for i, (mode, check, key) in enumerate((("metaroce", "icrc", "mr"),
                                                     ("metaroce", "csum", "mr_csum"),
                                                     ("roce", "icrc", "roce"))):
-                doc = perf(ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode,
-                                                      "--integrity", check], 18800 + 3 * r + i)
+                doc, share = second_cpu_share(lambda: perf(
+                    ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode,
+                                               "--integrity", check], 18800 + 3 * r + i))
+                if key == "mr_csum":
+                    res["mr_csum_second_cpu_share"].append(share)
                 assert doc.get("integrity", check) == check, doc.get("integrity")
                 res[f"{key}_bps"].append(doc["bw_avg_bps"])
                 res[f"{key}_cpu_s_per_gib"].append(doc["cpu_s_per_gib"])   # the timed loop only
@@ -161,9 +177,11 @@ def main() -> int:
                   med["mr_csum_bps"] / med["bare_tcp_bps"],
               "lat_p50_metaroce_over_bare_veth_tcp":
                   med["mr_lat_p50_us"] / med["bare_tcp_lat_p50_us"]}
-    doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu, "results": out,
+    doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu,
+           "steer": not a.no_steer, "results": out,
            "ratios": {k: round(v, 3) for k, v in ratios.items()}}
-    a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}.json")
+    a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}"
+                                  f"{'_nosteer' if a.no_steer else ''}.json")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
