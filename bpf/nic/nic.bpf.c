@@ -179,6 +179,47 @@ static __always_inline u64 *word_at(u32 key, u64 off)
     return (u64 *)(c->b + (o & (MR_CHUNK - 8)));
 }
 
+/* Store the 8-byte value v (host order, as the application reads it) at byte offset off of
+ * region key, at any alignment: an atomic's original value into the requester's local buffer,
+ * which verbs do not require to be aligned (only the remote address is, HDR-10). An aligned
+ * word is one store; otherwise the bytes go through a dynptr, split where the offset crosses
+ * into the next chunk. Returns 0 on success. */
+static __always_inline int put_u64(u32 key, u64 off, u64 v)
+{
+    u64 *p = word_at(key, off);
+    if (p) {
+        *p = v;
+        return 0;
+    }
+    void *mem = mrs.lookup(&key);
+    if (!mem)
+        return -1;
+    u32 idx = off / MR_CHUNK, o = off % MR_CHUNK;
+    u32 first = MR_CHUNK - o;
+    if (first > 8)
+        first = 8;
+    first = ((first - 1) & 7) + 1;
+    struct mr_chunk *c = bpf_map_lookup_elem(mem, &idx);
+    if (!c)
+        return -1;
+    u64 lo = v;
+    struct bpf_dynptr d;
+    bpf_dynptr_from_mem(c, sizeof(*c), 0, &d);
+    if (bpf_dynptr_write(&d, o, &lo, first, 0))
+        return -1;
+    if (first == 8)
+        return 0;
+    u64 hi = v >> ((first & 7) * 8);          /* the bytes after the first `first` */
+    u32 rest = ((8 - first - 1) & 7) + 1;
+    idx++;
+    c = bpf_map_lookup_elem(mem, &idx);
+    if (!c)
+        return -1;
+    struct bpf_dynptr d2;
+    bpf_dynptr_from_mem(c, sizeof(*c), 0, &d2);
+    return bpf_dynptr_write(&d2, 0, &hi, rest, 0) ? -1 : 0;
+}
+
 /* Verify the ICRC: 8 x 0xFF, masked IP/UDP/BTH, then everything after the BTH but the ICRC. */
 static __always_inline int icrc_ok(struct xdp_md *ctx, const struct roce_pkt *rp, u32 l4)
 {
@@ -717,13 +758,11 @@ static __always_inline u32 atomic_ack_ahead(struct xdp_md *ctx, const struct roc
         u64 orig = ((u64)bpf_ntohl(v[1]) << 32) | bpf_ntohl(v[2]);
         u64 off;
         u32 why = mr_check(sl->lkey, qp->pd, ACCESS_LOCAL_WRITE, sl->addr, 8, &off);
-        u64 *p = why ? NULL : word_at(sl->lkey, off);
-        if (p)
-            *p = orig;
-        u32 status = p ? 0 : (why ? why : RX_INVALID_REQUEST);
+        int ok = !why && put_u64(sl->lkey, off, orig) == 0;
+        u32 status = ok ? 0 : (why ? why : RX_INVALID_REQUEST);
         event(EV_RD_DONE, qpn, psn, status, sl->wr_id, sl->length, 0, idx, 0);
         sl->kind = RD_DONE;
-        return p ? RX_PLACED : status;
+        return ok ? RX_PLACED : status;
     }
     return RX_UNEXPECTED_RESPONSE;
 }
@@ -753,11 +792,9 @@ static __always_inline u32 on_response(struct xdp_md *ctx, const struct roce_pkt
         u64 orig = ((u64)bpf_ntohl(v[1]) << 32) | bpf_ntohl(v[2]);
         u64 off;
         u32 why = mr_check(sl->lkey, qp->pd, ACCESS_LOCAL_WRITE, sl->addr, 8, &off);
-        u64 *p = why ? NULL : word_at(sl->lkey, off);
-        if (p)
-            *p = orig;
-        rd_done(qpn, qp, sl, psn, p ? 0 : (why ? why : RX_INVALID_REQUEST));
-        return p ? RX_PLACED : (why ? why : RX_INVALID_REQUEST);
+        int ok = !why && put_u64(sl->lkey, off, orig) == 0;
+        rd_done(qpn, qp, sl, psn, ok ? 0 : (why ? why : RX_INVALID_REQUEST));
+        return ok ? RX_PLACED : (why ? why : RX_INVALID_REQUEST);
     }
     if (sl->kind != RD_READ)
         return RX_UNEXPECTED_RESPONSE;

@@ -113,6 +113,32 @@ def test_write_read_send_atomics(pair):
     assert st["state"] == "RTS" and st["retransmitted_packets"] == 0 and st["acks_received"] > 0
 
 
+def test_atomic_results_land_at_any_local_alignment(pair):
+    """Only the remote address of an atomic must be 8-byte aligned (HDR-10); its local result
+    buffer may sit anywhere, across a 64 KiB chunk edge of the region too (5 + 3 and 1 + 7
+    bytes), and the bytes around it stay as they were (test_control_fuzz found LOC_PROT_ERR
+    at an odd offset)."""
+    a, b = ends(pair, mr_bytes=1 * MiB)
+    first = 0x0102030405060708
+    b.mr.buf[0:8] = first.to_bytes(8, "little")
+    edge = 64 * 1024
+    spots = (3, 1001, edge - 5, 2 * edge - 1, edge + 45)    # windows of 32 bytes apart
+    pattern = bytes((i * 37 + 11) & 0xFF for i in range(32))
+    for off in spots:                             # 32 known bytes around each result
+        a.mr.write(pattern, off - 12 if off >= 12 else 0)
+    for i, off in enumerate(spots):
+        a.qp.post_send(SendWR(IBV_WR_ATOMIC_FETCH_AND_ADD, wr_id=i, sg_list=[a.mr.sge(off, 8)],
+                              remote_addr=b.mr.addr, rkey=b.mr.rkey, compare_add=1))
+    wcs = a.cq.wait(len(spots))
+    assert [(w.wr_id, w.status) for w in wcs] == [(i, IBV_WC_SUCCESS) for i in range(len(spots))]
+    for i, off in enumerate(spots):
+        base = off - 12 if off >= 12 else 0
+        want = bytearray(pattern)
+        want[off - base:off - base + 8] = (first + i).to_bytes(8, "little")
+        assert a.mr.read(32, base) == bytes(want), off
+    assert int.from_bytes(b.mr.read(8, 0), "little") == first + len(spots)
+
+
 def test_unsignaled_writes_complete_silently_then_a_signaled_one(pair):
     a, b = ends(pair, MiB)
     a.mr.write(b"x" * 4096)
