@@ -61,11 +61,18 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     if (!out || !st || !sq)
         return XDP_PASS;
     int action = XDP_PASS, steered = 0;
-    if ((in->flags & PORT_STEER) && in->cpus > 1 && in->cpus <= MAX_CPUS) {
+    struct steer_state *ss = steer_state.lookup(&port);
+    if ((in->flags & PORT_STEER) && in->cpus > 1 && in->cpus <= MAX_CPUS && ss) {
         /* the next CPU sends it on (fabric_cpu_xdp): on veth, XDP runs on the CPU that
          * transmitted, so without this the sender's CPU also ran the switch and the receiving
-         * host for every frame it sent */
-        __u32 cpu = (bpf_get_smp_processor_id() + 1) % in->cpus;
+         * host for every frame it sent. The choice holds while the port is busy (order). */
+        __u64 now = bpf_ktime_get_ns();
+        __u32 cpu = ss->cpu;
+        if (now - ss->last_ns > STEER_IDLE_NS || cpu >= in->cpus) {
+            cpu = (bpf_get_smp_processor_id() + 1) % in->cpus;
+            ss->cpu = cpu;
+        }
+        ss->last_ns = now;
         action = cpus.redirect_map(cpu, 0);
         steered = action == XDP_REDIRECT;
     }

@@ -40,6 +40,11 @@
 /* CPUs a switch may hand frames to (cpumap entries); port_cfg.cpus says how many are used */
 #define MAX_CPUS 64
 
+/* A port keeps handing its frames to the CPU it chose until it has been idle this long: a
+ * frame never overtakes an earlier one of the same port still queued for another CPU (a sender
+ * that moved to another CPU would otherwise reorder its flow at the switch) */
+#define STEER_IDLE_NS 1000000ULL
+
 /* steer_stats (per CPU) */
 #define STEER_HANDED 0          /* frames this CPU's port program handed to another CPU */
 #define STEER_FORWARDED 1       /* frames this CPU's cpumap program sent on to their port */

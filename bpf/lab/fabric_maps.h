@@ -21,5 +21,6 @@ BPF_DEVMAP(tx_ports, MAX_PORTS);             /* ifindex -> the same switch port,
  * other hardware than the hosts around it */
 BPF_XDP_REDIRECT_MAP("cpumap", struct bpf_cpumap_val, cpus, MAX_CPUS);
 BPF_PERCPU_ARRAY(steer_stats, __u64, STEER_NSTATS);
+BPF_ARRAY(steer_state, struct steer_state, MAX_PORTS);
 
 #endif

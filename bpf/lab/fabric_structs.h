@@ -74,6 +74,13 @@ struct port_cfg {
     __u32 cpus;            /* PORT_STEER: the CPUs 0 .. cpus - 1 frames are handed over to */
 };
 
+/* Where a port hands its frames (PORT_STEER): the CPU chosen when its traffic (re)started. */
+struct steer_state {
+    __u32 cpu;
+    __u32 pad;
+    __u64 last_ns;         /* the port's last handed-over frame */
+};
+
 /* A station (MAC) behind a port of an L2 switch: the bridge's static forwarding entries. */
 struct fdb_key {
     __u32 domain;
