@@ -26,11 +26,13 @@ def lab():
 @click.option("--rate", default=None, help="Shape every switch egress, e.g. 1gbit, 500mbit.")
 @click.option("--ecn-threshold", type=int, default=None,
               help="Mark CE above this many bytes of virtual queue (default 65536 with --rate).")
-@click.option("--steer/--no-steer", default=True, show_default=True,
+@click.option("--steer/--no-steer", default=False, show_default=True,
               help="Switches forwarding in XDP hand each frame to the next CPU (a cpumap), so "
                    "a switch and the host behind it work on another CPU than the sender, as "
-                   "other hardware would; --no-steer keeps all of a frame's path on the "
-                   "sending CPU (veth runs XDP where it transmits).")
+                   "other hardware would (more throughput, a CPU hand-over of latency, and a "
+                   "queue that drops what a faster sender overruns); without it all of a "
+                   "frame's path runs on the sending CPU (veth runs XDP where it transmits), "
+                   "which also holds a sender back instead of dropping.")
 @json_option
 def up(name, topology, hosts, mtu, rate, ecn_threshold, steer, as_json):
     """Bring a lab up."""

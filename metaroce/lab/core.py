@@ -33,7 +33,7 @@ def preflight() -> None:
 
 def up(name: str = "lab", topology: str = "pair", hosts: int | None = None, mtu: int = 1500,
        rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52,
-       steer: bool = True) -> dict:
+       steer: bool = False) -> dict:
     plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold, steer)
     preflight()
     if name in state.names() or namespaces_of(name):

@@ -84,7 +84,7 @@ class LabPlan:
     ecn_threshold: int | None
     nodes: list[Node]
     links: list[Link]
-    steer: bool = True           # switches forward on another CPU than the link's (cpumap)
+    steer: bool = False          # switches forward on another CPU than the link's (cpumap)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -192,7 +192,7 @@ class _Macs:
 
 def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None,
              mtu: int = 1500, rate: str | int | None = None,
-             ecn_threshold: int | None = None, steer: bool = True) -> LabPlan:
+             ecn_threshold: int | None = None, steer: bool = False) -> LabPlan:
     validate_name(name)
     if topology not in TOPOLOGIES:
         raise UsageError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")

@@ -31,7 +31,7 @@ def _redirects(ns: str, iface: str) -> int:
 
 @pytest.fixture(scope="module")
 def star(module_lab_name):
-    core.up(module_lab_name, "star", 3)
+    core.up(module_lab_name, "star", 3, steer=True)     # every test here holds with steering
     return core.LabView(module_lab_name)
 
 
@@ -344,7 +344,7 @@ def test_a_switch_forwards_on_the_next_cpu(star):
 
 
 def test_no_steer_keeps_forwarding_on_the_arrival_cpu(lab_name):
-    core.up(lab_name, "pair", steer=False)
+    core.up(lab_name, "pair")                      # the default
     view = core.LabView(lab_name)
     assert view.status()["steering"] == "off" and view.record["forwarding"] == "xdp"
     res = run_flow(view.plan.node("h1").netns, view.plan.node("h2").netns, _ip(view, "h2"), 300,

@@ -135,13 +135,12 @@ def test_impairment_encoding():
         Impairment(reorder_depth=0).validate()
 
 
-def test_steering_is_the_default_and_survives_a_round_trip():
-    """Switches forward on the next CPU unless told (lab up --no-steer); a record written
+def test_steering_is_asked_for_and_survives_a_round_trip():
+    """Switches forward on the next CPU only when asked (lab up --steer); a record written
     before steering existed reads as a lab without it."""
-    p = plan_lab("st", "pair")
-    assert p.steer is True
-    q = plan_lab("st", "pair", steer=False)
-    assert LabPlan.from_dict(q.to_dict()).steer is False
+    p = plan_lab("st", "pair", steer=True)
+    assert plan_lab("st", "pair").steer is False
+    assert LabPlan.from_dict(p.to_dict()).steer is True
     old = p.to_dict()
     del old["steer"]
     assert LabPlan.from_dict(old).steer is False

@@ -52,7 +52,7 @@ def stop_daemons(devs) -> None:
 
 @contextmanager
 def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500, integrity: str = "icrc",
-              steer: bool = True):
+              steer: bool = False):
     view = fresh_lab(name, "pair", mtu=mtu, steer=steer)
     ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
     ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))

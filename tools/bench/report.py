@@ -23,9 +23,9 @@ def vs_tcp(doc) -> list[str]:
     r = doc["results"]
     steer = doc.get("steer", False)      # results from before steering ran without it
     out = [f"### MetaRoCE vs TCP, MTU {doc.get('mtu', 1500)}"
-           f"{'' if steer else ', the lab forwarding on the sending CPU'}",
+           f"{', switches forwarding on the next CPU (lab up --steer)' if steer else ''}",
            "", f"`sudo .venv/bin/python tools/bench/vs_tcp.py --quick --mtu {doc.get('mtu', 1500)}"
-           f"{'' if steer else ' --no-steer'}`"
+           f"{' --steer' if steer else ''}`"
            f" — {doc['machine']['host']}, kernel {doc['machine']['kernel']}, "
            f"{doc['machine']['cpus']} CPUs, {doc['date']}; median (min–max) of {doc['runs']} runs "
            f"of {doc['seconds']} s", "",

@@ -122,8 +122,8 @@ def main() -> int:
     g.add_argument("--full", action="store_true", help="7 runs of 5 s")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="lab link MTU (3498 is the largest native XDP on veth takes: PMTU 2048)")
-    ap.add_argument("--no-steer", action="store_true",
-                    help="the lab's switches forward on the sending CPU (lab up --no-steer)")
+    ap.add_argument("--steer", action="store_true",
+                    help="the lab's switches forward on the next CPU (lab up --steer)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
     a = ap.parse_args()
@@ -134,7 +134,7 @@ def main() -> int:
                            "tcp_lat_p50_us",
                            "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us",
                            "bare_tcp_bps", "bare_tcp_lat_p50_us")}
-    with two_hosts(LAB, mtu=a.mtu, integrity="csum", steer=not a.no_steer) as lab, \
+    with two_hosts(LAB, mtu=a.mtu, integrity="csum", steer=a.steer) as lab, \
             bare_veth("benchbare", mtu=a.mtu) as bare:
         ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
@@ -178,10 +178,10 @@ def main() -> int:
               "lat_p50_metaroce_over_bare_veth_tcp":
                   med["mr_lat_p50_us"] / med["bare_tcp_lat_p50_us"]}
     doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu,
-           "steer": not a.no_steer, "results": out,
+           "steer": a.steer, "results": out,
            "ratios": {k: round(v, 3) for k, v in ratios.items()}}
     a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}"
-                                  f"{'_nosteer' if a.no_steer else ''}.json")
+                                  f"{'_steer' if a.steer else ''}.json")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
