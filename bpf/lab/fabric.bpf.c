@@ -31,6 +31,14 @@ int fabric_host_xdp(struct xdp_md *ctx)
     return XDP_PASS;
 }
 
+/* One more in this CPU's steer_stats[k]. */
+static __always_inline void steer_count(__u32 k)
+{
+    __u64 *n = steer_stats.lookup(&k);
+    if (n)
+        (*n)++;
+}
+
 /* Redirect the frame to the port its destination MAC is behind, on the same switch, when
  * neither this port's arrival side nor that port's departure side needs the stack; else
  * XDP_PASS (the bridge, tc and htb). A redirected frame never passes the leaving port's tc
@@ -91,12 +99,8 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     }
     out->tx_packets++;
     out->tx_bytes += len;
-    if (steered) {
-        __u32 k = STEER_HANDED;
-        __u64 *n = steer_stats.lookup(&k);
-        if (n)
-            (*n)++;
-    }
+    if (steered)
+        steer_count(STEER_HANDED);
     return XDP_REDIRECT;
 }
 
@@ -116,12 +120,8 @@ int fabric_cpu_xdp(struct xdp_md *ctx)
     if (!found)
         return XDP_DROP;
     int action = tx_ports.redirect_map(*found, XDP_DROP);
-    if (action == XDP_REDIRECT) {
-        __u32 k = STEER_FORWARDED;
-        __u64 *n = steer_stats.lookup(&k);
-        if (n)
-            (*n)++;
-    }
+    if (action == XDP_REDIRECT)
+        steer_count(STEER_FORWARDED);
     return action;
 }
 
