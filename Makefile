@@ -43,6 +43,9 @@ soak: setup
 bench: setup
 	$(VENV)/bin/pip install -q -e '.[bench,torch]'
 	$(PY) tools/bench/vs_tcp.py --quick
+	$(PY) tools/bench/vs_tcp.py --quick --steer
+	$(PY) tools/bench/vs_tcp.py --quick --mtu 9000
+	$(PY) tools/bench/vs_tcp.py --quick --mtu 9000 --steer
 	$(PY) tools/bench/loss_sweep.py --quick
 	$(PY) tools/bench/qp_scale.py --quick --sizes 1,16,128,1024
 	$(PY) tools/bench/post_syscalls.py
