@@ -39,6 +39,15 @@ static __always_inline void steer_count(__u32 k)
         (*n)++;
 }
 
+/* The port the frame's destination MAC is behind on the switch of `in`, or NULL. */
+static __always_inline __u32 *station_port(struct xdp_md *ctx, const struct port_cfg *in)
+{
+    struct fdb_key key = {.domain = in->domain};
+    if (bpf_xdp_load_bytes(ctx, 0, key.mac, sizeof(key.mac)))
+        return NULL;
+    return fdb.lookup(&key);
+}
+
 /* Redirect the frame to the port its destination MAC is behind, on the same switch, when
  * neither this port's arrival side nor that port's departure side needs the stack; else
  * XDP_PASS (the bridge, tc and htb). A redirected frame never passes the leaving port's tc
@@ -52,10 +61,7 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     struct port_cfg *in = port_cfg.lookup(&port);
     if (!in || !in->domain || needs_tc(impair_cfg.lookup(&in_slot), stash.lookup(&in_slot)))
         return XDP_PASS;
-    struct fdb_key key = {.domain = in->domain};
-    if (bpf_xdp_load_bytes(ctx, 0, key.mac, sizeof(key.mac)))
-        return XDP_PASS;
-    __u32 *found = fdb.lookup(&key);
+    __u32 *found = station_port(ctx, in);
     if (!found)
         return XDP_PASS;
     __u32 out_port = *found, out_slot = out_port * 2 + DIR_OUT;
@@ -69,8 +75,9 @@ static __always_inline int forward(struct xdp_md *ctx, __u32 port, __u32 len,
     if (!out || !st || !sq)
         return XDP_PASS;
     int action = XDP_PASS, steered = 0;
-    struct steer_state *ss = steer_state.lookup(&port);
-    if ((in->flags & PORT_STEER) && in->cpus > 1 && in->cpus <= MAX_CPUS && ss) {
+    struct steer_state *ss = NULL;
+    if ((in->flags & PORT_STEER) && in->cpus > 1 && in->cpus <= MAX_CPUS &&
+        (ss = steer_state.lookup(&port))) {
         /* the next CPU sends it on (fabric_cpu_xdp): on veth, XDP runs on the CPU that
          * transmitted, so without this the sender's CPU also ran the switch and the receiving
          * host for every frame it sent. The choice holds while the port is busy (order). */
@@ -113,10 +120,7 @@ int fabric_cpu_xdp(struct xdp_md *ctx)
     struct port_cfg *in = port_cfg.lookup(&port);
     if (!in || !in->domain)
         return XDP_DROP;
-    struct fdb_key key = {.domain = in->domain};
-    if (bpf_xdp_load_bytes(ctx, 0, key.mac, sizeof(key.mac)))
-        return XDP_DROP;
-    __u32 *found = fdb.lookup(&key);
+    __u32 *found = station_port(ctx, in);
     if (!found)
         return XDP_DROP;
     int action = tx_ports.redirect_map(*found, XDP_DROP);

@@ -32,7 +32,9 @@ static __always_inline int verdict(u32 reason, int action)
     return action;
 }
 
-/* One frame of len bytes on the port: which = PORT_RCV_PACKETS or PORT_XMIT_PACKETS. */
+/* One frame of len bytes on the port: which = PORT_RCV_PACKETS or PORT_XMIT_PACKETS. (Written
+ * out rather than through port_count_one: that shape made the verifier's walk of nic_rx
+ * exceed its instruction budget.) */
 static __always_inline void port_count(u32 which, u64 len)
 {
     u64 *c = port_counters.lookup(&which);

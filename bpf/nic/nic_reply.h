@@ -4,6 +4,7 @@
 #ifndef __NIC_REPLY_H
 #define __NIC_REPLY_H
 
+#include "nic_csum.h"
 #include "nic_icrc.h"
 #include "nic_parse.h"
 
@@ -35,13 +36,6 @@ struct reply_ext {
                           CNP_PAD_LEN)
 #define REPLY_L4(kind) (8 + BTH_LEN + REPLY_TAIL(kind) + ICRC_LEN)
 #define REPLY_LEN(ipv6, kind) (sizeof(struct ethhdr) + ((ipv6) ? 40 : 20) + REPLY_L4(kind))
-
-static __always_inline __u16 csum_fold(__u32 sum)
-{
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    return ~sum & 0xffff;
-}
 
 /* Sum of n 16-bit big-endian words at p (n constant). */
 static __always_inline __u32 sum16(const __u8 *p, int n)

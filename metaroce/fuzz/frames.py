@@ -10,6 +10,7 @@ import zlib
 from ..wire import consts as C
 from ..wire import icrc as _icrc
 from ..wire.layout import LAYOUTS
+from ..wire.packet import frame_pseudo_header
 
 ETH_SRC, ETH_DST = bytes.fromhex("020000000001"), bytes.fromhex("020000000002")
 V4_SRC, V4_DST = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
@@ -77,36 +78,13 @@ def fix_udp(frame: bytearray) -> bool:
     b = l4_bounds(frame)
     if b is None:
         return False
-    ver, bth, end = b
+    _ver, bth, end = b
     udp = bth - UDP_LEN
     seg = bytearray(frame[udp:end])
     seg[6:8] = b"\0\0"
-    if ver == 6:
-        pseudo = bytes(frame[22:54]) + struct.pack("!IxxxB", len(seg), C.IPPROTO_UDP)
-    else:
-        pseudo = bytes(frame[26:34]) + struct.pack("!xBH", C.IPPROTO_UDP, len(seg))
-    frame[udp + 6:udp + 8] = (inet_checksum(pseudo + bytes(seg)) or 0xFFFF).to_bytes(2, "big")
+    c = inet_checksum(frame_pseudo_header(frame, len(seg)) + bytes(seg)) or 0xFFFF
+    frame[udp + 6:udp + 8] = c.to_bytes(2, "big")
     return True
-
-
-def udp_valid(frame) -> bool:
-    """True if the frame's UDP checksum (non-zero, where its UDP length puts the datagram's
-    end) and, over IPv4, its header checksum are right."""
-    b = l4_bounds(frame)
-    if b is None:
-        return False
-    ver, bth, end = b
-    udp = bth - UDP_LEN
-    if frame[udp + 6:udp + 8] == b"\0\0":
-        return False
-    if ver == 6:
-        pseudo = bytes(frame[22:54]) + struct.pack("!IxxxB", end - udp, C.IPPROTO_UDP)
-    else:
-        ihl = (frame[14] & 0x0F) * 4
-        if inet_checksum(bytes(frame[14:14 + ihl])) != 0:
-            return False
-        pseudo = bytes(frame[26:34]) + struct.pack("!xBH", C.IPPROTO_UDP, end - udp)
-    return inet_checksum(pseudo + bytes(frame[udp:end])) == 0
 
 
 def l4_bounds(frame) -> tuple[int, int, int] | None:

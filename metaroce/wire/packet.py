@@ -128,6 +128,15 @@ def udp_checksum(ip: IPv4 | IPv6, segment: bytes) -> int:
     return inet_checksum(_pseudo_header(ip, len(segment)) + segment) or 0xFFFF
 
 
+def frame_pseudo_header(frame, ulen: int) -> bytes:
+    """The UDP pseudo-header of an untagged Ethernet frame's datagram of ulen bytes, from the
+    addresses in its IP header (IPv4 or IPv6, by the EtherType)."""
+    off = C.ETH_LEN
+    if struct.unpack_from("!H", frame, 12)[0] == C.ETH_P_IPV6:
+        return bytes(frame[off + 8:off + 40]) + struct.pack("!IxxxB", ulen, C.IPPROTO_UDP)
+    return bytes(frame[off + 12:off + 20]) + struct.pack("!xBH", C.IPPROTO_UDP, ulen)
+
+
 def udp_checksum_ok(frame: bytes) -> bool | None:
     """INT-3 on a whole untagged frame: True when the IPv4 header checksum (IPv4) and the UDP
     checksum hold, False when either fails or the UDP checksum is absent (zero), None when the
@@ -140,25 +149,21 @@ def udp_checksum_ok(frame: bytes) -> bool | None:
             return None
         if inet_checksum(frame[off:off + ihl]) != 0:
             return False
-        src, dst = frame[off + 12:off + 16], frame[off + 16:off + 20]
-        pseudo_fmt, udp_off = "!xBH", off + ihl
+        udp_off = off + ihl
     elif et == C.ETH_P_IPV6:
         if frame[off + 6] != C.IPPROTO_UDP:
             return None
         if frame[off] >> 4 != 6 or struct.unpack_from("!H", frame, off + 4)[0] != \
                 struct.unpack_from("!H", frame, off + 44)[0]:
             return False
-        src, dst = frame[off + 8:off + 24], frame[off + 24:off + 40]
-        pseudo_fmt, udp_off = None, off + 40
+        udp_off = off + 40
     else:
         return None
     ulen = struct.unpack_from("!H", frame, udp_off + 4)[0]
     seg = frame[udp_off:udp_off + ulen]
     if len(seg) != ulen or struct.unpack_from("!H", seg, 6)[0] == 0:
         return False
-    pseudo = src + dst + (struct.pack(pseudo_fmt, C.IPPROTO_UDP, ulen) if pseudo_fmt
-                          else struct.pack("!IxxxB", ulen, C.IPPROTO_UDP))
-    return inet_checksum(pseudo + seg) == 0
+    return inet_checksum(frame_pseudo_header(frame, ulen) + seg) == 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import struct
 import pytest
 
 from metaroce.conformance.tester import reicrc
+from metaroce.fuzz.frames import fix_udp
 from metaroce.nic.rx import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE
 from metaroce.wire import consts as C
 from metaroce.wire.headers import BTH, PETH, RETH
@@ -96,16 +97,10 @@ def test_csum_qp_takes_valid_and_refuses_corrupt(rx, mr, v6, size):
 
 
 def _fix_csum(f: bytes) -> bytes:
-    """Recompute the UDP checksum of an IPv4 or IPv6 frame over what it holds."""
-    from metaroce.wire.packet import inet_checksum
-    v6 = f[12:14] == b"\x86\xdd"
-    u = 14 + (40 if v6 else 20)
-    ulen = struct.unpack_from("!H", f, u + 4)[0]
-    seg = f[u:u + 6] + b"\0\0" + f[u + 8:u + ulen]
-    pseudo = (f[22:54] + struct.pack("!IxxxB", ulen, 17)) if v6 else \
-        (f[26:34] + struct.pack("!xBH", 17, ulen))
-    c = inet_checksum(pseudo + seg) or 0xFFFF
-    return f[:u + 6] + struct.pack("!H", c) + f[u + 8:]
+    """The frame with its UDP checksum recomputed over what it holds (IPv4 or IPv6)."""
+    b = bytearray(f)
+    assert fix_udp(b)
+    return bytes(b)
 
 
 def test_icrc_qp_ignores_the_checksum_and_checks_the_icrc(rx, mr):
