@@ -40,7 +40,7 @@ def _dev(dev, netns):
               show_default=True,
               help="The cheapest end-to-end check this device accepts on MetaRoCE connections "
                    "(spec 5.7): icrc, the RoCEv2 ICRC (CRC-32) only; csum, also the IPv4/UDP "
-                   "checksums in its place (about a quarter of the receive cost), used when "
+                   "checksums in its place (about a fifth of the ICRC's cost per KiB), used when "
                    "the peer's device accepts them too. Compat connections always check the "
                    "ICRC.")
 @click.option("--config", "config_path", default=None,
