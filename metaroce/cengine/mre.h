@@ -111,7 +111,8 @@ struct mre_qp_cfg {
                                 * responder places on arrival but reads memory later) */
     uint8_t credit_sack;       /* credit signalled by SACK flag C only (the wire's data path):
                                 * C starts or refreshes credit mode, a SACK without it ends it;
-                                * no MR_CREDIT grants, no probes; needs no credit manager */
+                                * no MR_CREDIT grants; CC-9's probe is one more new packet
+                                * (asking), no MR_PROBE; needs no credit manager */
     uint8_t rsvd_cfg[2];
     uint32_t breaks;           /* MRE_BREAK_* */
     uint32_t sq_cap;           /* send WQEs outstanding at most */

@@ -16,6 +16,7 @@ static const uint32_t RNR_TIMER_USEC[32] = {
 };
 
 #define CREDIT_INITIAL_PKTS 2  /* CC-8: before the first SACK, without a credit manager */
+#define CREDIT_LIVENESS_RTOS 4 /* CC-9: probe after 4 x RTO blocked, without a credit manager */
 
 static inline struct wqe *sqw(struct requester *r, uint32_t abs)
 {
@@ -1354,7 +1355,11 @@ static int64_t credit_probe_at(const struct mre_engine *e, const struct qp *q)
                     r->credit.last_grant : r->credit.blocked_since;
     if (lg > since)
         since = lg;
-    return since + (int64_t)e->credit.liveness_rtos * mre_rto_ns(&r->rto);
+    /* without a credit manager (the wire: credit by SACK flag C) the spec's 4 x RTO; its
+     * liveness_rtos was 0 there, so a blocked sender probed at once, every probe let one more
+     * packet go, and credits bounded nothing (16:1 incast overflowed the queue) */
+    uint32_t k = e->has_credit ? e->credit.liveness_rtos : CREDIT_LIVENESS_RTOS;
+    return since + (int64_t)k * mre_rto_ns(&r->rto);
 }
 
 static int64_t mind(int64_t a, int64_t b)
@@ -1389,6 +1394,9 @@ static void credit_probe(struct mre_engine *e, struct qp *q, int64_t now)
     c->probes++;
     c->limit = psn_add(c->limit, 1);       /* CC-9: one new packet may go with the probe */
     r->probes++;
+    if (q->cfg.credit_sack)
+        return;     /* the wire's XDP responder has no MR_PROBE: the packet the limit now lets
+                     * go is the edge of the window and asks (RESP-1); its SACK says C or not */
     uint32_t k = pick_path(r, q->cfg.breaks, -1);
     struct mre_pkt *p = eng_out(e);
     if (!p)

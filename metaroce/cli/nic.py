@@ -32,10 +32,17 @@ def _dev(dev, netns):
 @click.option("--credits/--no-credits", default=True, show_default=True,
               help="Receiver credits for incast (spec CC-8; MetaRoCE mode).")
 @click.option("--link-rate", default=None,
-              help="The device's bottleneck rate for credits, e.g. 150mbit or 25gbit "
-                   "[default: the interface's speed, else 10gbit].")
+              help="The device's bottleneck rate for credits and congestion control, e.g. "
+                   "150mbit or 25gbit [default: the interface's speed, else 10gbit].")
 @click.option("--credit-rtt-us", type=finite(1, 1e6), default=500.0, show_default=True,
               help="Base round trip the credit BDP is computed with.")
+@click.option("--cc/--no-cc", default=True, show_default=True,
+              help="Congestion control (spec CC-1..CC-7, COMPAT-4): MetaRoCE QPs run a window "
+                   "that reacts to ECN and delay, RoCEv2 QPs DCQCN's reaction to CNPs; "
+                   "--no-cc keeps a fixed window.")
+@click.option("--cc-target-us", type=finite(0, 1e6), default=500.0, show_default=True,
+              help="Queueing delay above the smallest measured round trip that counts as "
+                   "congestion when ECN marks arrive (CC-3).")
 @click.option("--integrity", type=click.Choice(["icrc", "csum"]), default="icrc",
               show_default=True,
               help="The cheapest end-to-end check this device accepts on MetaRoCE connections "
@@ -46,8 +53,8 @@ def _dev(dev, netns):
 @click.option("--config", "config_path", default=None,
               help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
 @json_option
-def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, integrity, config_path,
-       as_json):
+def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, cc, cc_target_us,
+       integrity, config_path, as_json):
     """Turn DEV into a MetaRoCE RDMA device (XDP NIC + daemon)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
@@ -56,20 +63,20 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, integrit
         from ..provision.daemon_config import load_for  # noqa: PLC0415
         mode = load_for(config_path, dev, mode, log)
     mode = mode or "roce"
-    cfg = None
-    if credits:
-        from ..nic.credit import CreditConfig, parse_rate  # noqa: PLC0415
-        try:
-            rate = parse_rate(link_rate) if link_rate else None   # None: the device's speed
-        except ValueError as exc:
-            raise UsageError(f"--link-rate: {exc}") from None
-        cfg = CreditConfig(link_rate_bps=rate, base_rtt_s=credit_rtt_us / 1e6)
+    from ..nic.ccconfig import CCConfig  # noqa: PLC0415
+    from ..nic.credit import CreditConfig, parse_rate  # noqa: PLC0415
+    try:
+        rate = parse_rate(link_rate) if link_rate else None   # None: the device's speed
+    except ValueError as exc:
+        raise UsageError(f"--link-rate: {exc}") from None
+    cfg = CreditConfig(link_rate_bps=rate, base_rtt_s=credit_rtt_us / 1e6) if credits else None
+    ccfg = CCConfig(enabled=cc, link_rate_bps=rate, target_qdelay_s=cc_target_us / 1e6)
     if foreground:
         pid = d.running_pid(did)
         if pid:
             raise MetaroceError(d.already_running(did, pid))
         d.clean_stale(did)
-        dm = d.Daemon(did, mode, cfg, integrity)
+        dm = d.Daemon(did, mode, cfg, integrity, ccfg)
         if as_json:
             emit_json(dm.status())
         log(f"metaroce: {did.where()} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
@@ -77,7 +84,7 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, integrit
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
         return 0
-    st = d.start_background(did, mode, cfg, integrity)
+    st = d.start_background(did, mode, cfg, integrity, ccfg)
     if as_json:
         emit_json(st)
     else:

@@ -8,6 +8,12 @@ active sender while its expected PSN moved within `idle_s`; with at least `min_s
 (incast: their windows together exceed the receiver link's BDP) each gets
 share = max(min_share, BDP in packets // active senders); otherwise no QP is limited. The map is
 written only when a share changes.
+
+A sender starts limited (CC-8): a QP that connects while others can receive is admitted with
+the share it would have if every live QP sent, and keeps a first-round-trip share (as if every
+such fresh QP started beside the active ones) until its first packet arrives; only then does the
+activity rule above decide. Without this, QPs connected ahead of an incast looked idle at the
+first tick, lost their grant, and all started with a whole window (docs/engine.md rule 8).
 """
 
 from __future__ import annotations
@@ -96,7 +102,9 @@ class CreditGranter:
         self.seen: dict[int, int] = {}          # qpn -> expected PSN at the last tick
         self.active_until: dict[int, float] = {}
         self.granted: dict[int, int] = {}       # qpn -> share in the map (absent: 0)
-        self.stats = {"credit_ticks": 0, "credit_updates": 0, "incast_active_max": 0}
+        self.fresh: set[int] = set()            # admitted, not sent a packet yet
+        self.stats = {"credit_ticks": 0, "credit_updates": 0, "credit_admitted": 0,
+                      "incast_active_max": 0}
 
     def tick(self, qps, now: float) -> None:
         if now < self.next_tick:
@@ -109,13 +117,20 @@ class CreditGranter:
             if epsn is not None and epsn != self.seen.get(q.qpn):
                 self.seen[q.qpn] = epsn
                 self.active_until[q.qpn] = now + self.cfg.idle_s
+                self.fresh.discard(q.qpn)
             if self.active_until.get(q.qpn, 0.0) > now:
                 active.append(q.qpn)
+        fresh = [q.qpn for q in live if q.qpn in self.fresh]
         n = len(active)
-        self.next_tick = now + (self.cfg.tick_s if n else self.cfg.quiet_tick_s)
+        self.next_tick = now + (self.cfg.tick_s if n or fresh else self.cfg.quiet_tick_s)
         self.stats["incast_active_max"] = max(self.stats["incast_active_max"], n)
-        share = max(self.cfg.min_share, self.cfg.bdp_pkts // n) if n >= self.cfg.min_senders else 0
+        share = self.share(n)
         want = {qpn: share for qpn in active} if share else {}
+        # admitted QPs that have not sent yet keep a share for their first round trip: what
+        # each would get if all of them started now beside the active ones
+        first = self.share(n + len(fresh))
+        if first:
+            want.update((qpn, first) for qpn in fresh)
         for qpn in set(self.granted) | set(want):
             s = want.get(qpn, 0)
             if s != self.granted.get(qpn, 0):
@@ -126,9 +141,32 @@ class CreditGranter:
                 else:
                     self.granted.pop(qpn, None)
 
+    def admit(self, qpn: int, qps, now: float) -> None:
+        """CC-8, a sender starts limited: a MetaRoCE QP connecting while others can receive
+        gets the share it would have if all of them sent, before it sends its first packet, so
+        that senders starting together (an incast's first round trip) do not each bring a
+        whole window. The next tick, due at once, replaces the guess with what the QPs do."""
+        self.fresh.add(qpn)
+        self.seen[qpn] = self.rx.qp_epsn(qpn)       # it is fresh until this moves
+        self.stats["credit_admitted"] += 1
+        live = sum(1 for q in qps if q.state == "RTS" and q.metaroce and q.qpn != qpn) + 1
+        share = self.share(live)
+        if share:
+            self.rx.set_credit(qpn, share)
+            self.granted[qpn] = share
+            self.stats["credit_updates"] += 1
+        self.next_tick = min(self.next_tick, now + self.cfg.tick_s)
+
+    def share(self, senders: int) -> int:
+        """Each sender's share of the link's BDP in packets, 0 (no limit) below min_senders."""
+        if senders < self.cfg.min_senders:
+            return 0
+        return max(self.cfg.min_share, self.cfg.bdp_pkts // senders)
+
     def forget(self, qpn: int) -> None:
         for d in (self.seen, self.active_until, self.granted):
             d.pop(qpn, None)
+        self.fresh.discard(qpn)
 
     def share_of(self, qpn: int) -> int:
         return self.granted.get(qpn, 0)

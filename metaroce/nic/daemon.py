@@ -32,6 +32,7 @@ from ..kern import libbpf
 
 from . import xdpslot
 from .clients import MAX_OUTPUT_BYTES, MAX_REQUEST_BYTES, Connection
+from .ccconfig import CCConfig
 from .credit import CreditConfig, link_speed_bps
 from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, INTEGRITY, Device
@@ -115,7 +116,7 @@ class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
-                 integrity: str = "icrc"):
+                 integrity: str = "icrc", cc: CCConfig | None = None):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
         if integrity not in INTEGRITY:
@@ -123,6 +124,7 @@ class Daemon:
         self.integrity = integrity
         if credits is not None:
             credits.validate()          # before anything is attached
+        self.cc = (cc if cc is not None else CCConfig()).validate()
         self.dev, self.mode = dev, mode
         self.rx = self.link_fd = self.device = self.sock = None
         self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
@@ -151,7 +153,10 @@ class Daemon:
             if credits.link_rate_bps is None:
                 credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
             credits.pmtu = min(4096, 1 << (max(256, mtu - 100).bit_length() - 1))
-        self.device = Device(self.rx, self.ifindex, mode, credits, self.integrity)
+        if self.cc.link_rate_bps is None:
+            self.cc.link_rate_bps = (credits.link_rate_bps if credits is not None else
+                                     link_speed_bps(dev.dev) or 10e9)
+        self.device = Device(self.rx, self.ifindex, mode, credits, self.integrity, self.cc)
         os.makedirs(RUN_DIR, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -180,8 +185,11 @@ class Daemon:
                 "port": self.rx.port_counters(),
                 "destroyed_qp_counters": dict(self.device.destroyed_qp_counters),
                 "tx": self.device.dp.xsk_stats(),
-                "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats}
+                "credits": ({**self.device.credits.cfg.describe(), **self.device.credits.stats,
+                             "granted_qps": len(self.device.credits.granted),
+                             "fresh_qps": len(self.device.credits.fresh)}
                             if self.device.credits else {"enabled": False}),
+                "cc": self.cc.describe(),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
                 "loop": self.device.dp.stats(),
@@ -509,12 +517,14 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
-                     integrity: str = "icrc") -> dict:
+                     integrity: str = "icrc", cc: CCConfig | None = None) -> dict:
     """Start a daemon for dev in a process of its own (a fresh interpreter: see
     daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
     not), return its status."""
     if credits is not None:
         credits.validate()              # a NaN never reaches the daemon's command line
+    if cc is not None:
+        cc.validate()
     if integrity not in INTEGRITY:
         raise MetaroceError(f"--integrity must be {' or '.join(INTEGRITY)}")
     pid = running_pid(dev)
@@ -530,6 +540,8 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
         cmd += ["--netns", dev.netns]
     if credits is not None:
         cmd += ["--credits", json.dumps(dataclasses.asdict(credits))]
+    if cc is not None:
+        cmd += ["--cc", json.dumps(dataclasses.asdict(cc))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [_package_root()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     try:

@@ -16,6 +16,7 @@ from ..errors import MetaroceError
 from ..fastpath.xsk import _lib
 from . import neigh
 from .cq import MAX_CQE, Cq, checked_cqe, ring_entries
+from .ccconfig import CCConfig
 from .credit import CreditConfig, CreditGranter
 from .datapath import RD_DEPTH, DataPath
 from .qpstats import qp_stats
@@ -105,8 +106,9 @@ class Device:
     moves their work requests."""
 
     def __init__(self, rx: RxPath, ifindex: int, mode: str, credits: CreditConfig | None = None,
-                 integrity: str = "icrc"):
+                 integrity: str = "icrc", cc: CCConfig | None = None):
         self.rx, self.ifindex, self.mode = rx, ifindex, mode
+        self.cc = cc if cc is not None else CCConfig()   # on unless switched off
         self.integrity = integrity     # the cheapest check this device accepts (INTEGRITY)
         self.credits = CreditGranter(rx, credits) if credits and mode == "metaroce" else None
         mod = _lib()
@@ -316,6 +318,8 @@ class Device:
         self.rx.set_qp(qp.qpn, rpsn, qp.pd, rqpn, pmtu=pmtu, sq_psn=qp.sq_psn, peer_ip=peer,
                        rnr_timer=min_rnr, metaroce=metaroce,
                        integrity=INT_CSUM if csum else INT_ICRC)
+        if self.credits is not None and metaroce:
+            self.credits.admit(qp.qpn, self.qps.values(), time.monotonic())
         window = MR_WINDOW_PKTS if metaroce else WINDOW_PKTS
         try:
             self.dp.qp_connect(
@@ -325,7 +329,7 @@ class Device:
                       "min_rnr_timer": min_rnr, "max_rd_atomic": RD_DEPTH,
                       "max_dest_rd_atomic": RD_DEPTH, "window": window},
                 paths=qp.paths, credit=bool(metaroce and attr.get("credit")),
-                sq_slot=self.rx.sq_slot(qp.qpn), remote_qpn=rqpn, flow=flow)
+                sq_slot=self.rx.sq_slot(qp.qpn), remote_qpn=rqpn, flow=flow, cc=self.cc.conn())
         except MetaroceError:
             self.rx.set_qp_error(qp.qpn)     # the kernel's side answers nothing then
             raise

@@ -40,7 +40,9 @@ def qp_stats(dev, qp) -> dict:
         "partial_rereads": int(e.rereads), "read_response_packets": int(e.read_responses),
         "read_go_backs": int(e.read_go_backs), "read_requests_pending": int(e.read_pending),
         "cnp_received": int(e.cnp), "credit_grants": int(e.credit_grants),
-        "credit_blocked": int(e.credit_blocked), "lost_packets": int(e.lost),
+        "credit_blocked": int(e.credit_blocked), "credit_probes": int(e.probes),
+        "cwnd_ecn_cuts": int(e.cc_md), "cwnd_loss_cuts": int(e.cc_loss_cuts),
+        "lost_packets": int(e.lost),
         "rtt_samples": int(e.rtt_samples), "bad_wqes": int(info.bad_wqes),
         "wqes_taken": int(info.wqes), "recv_completions": int(info.recv_completions),
         "blocked": ("none", "window", "cwnd", "credit", "pace", "txq", "order")[e.blocked]
@@ -52,6 +54,7 @@ def qp_stats(dev, qp) -> dict:
     out["rto_min_us"] = round(e.rto_min / 1e3, 1) if connected else None
     out["cwnd_pkts"] = (round(e.cwnd / qp.pmtu, 1) if e.cwnd >= 0 else
                         (127 if qp.metaroce else 1024))
+    out["dcqcn_rate_bps"] = float(e.dcqcn_rc) if e.dcqcn_on else None   # COMPAT-4: Rc
     out["credit_limit_psn"] = int(e.credit_limit) if e.credit_on and e.credit_active else None
     kc = int(st.get("credit", 0))            # what the kernel took from the last SACK
     out["kernel_credit_limit_psn"] = kc & PSN_MASK if kc & CREDIT_VALID else None

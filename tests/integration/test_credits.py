@@ -100,6 +100,15 @@ def test_credits_bound_an_incast(star):
     blocked = [s["credit_blocked"] for s in with_credits["senders"]]
     assert all(g > 0 for g in grants), grants           # flag C reached every sender ...
     assert sum(blocked) > 0, blocked                    # ... and held it back
+    # CC-9: a sender probes only after 4 x RTO blocked without a grant. On the wire (no credit
+    # manager) it probed at once, each probe let one more packet go, and credits bounded
+    # nothing: a 16:1 incast overflowed the switch queue (600 drops) with credits on
+    probes = [s["credit_probes"] for s in with_credits["senders"]]
+    assert sum(probes) <= sum(blocked) // 20 + 8, (probes, blocked)
+    assert with_credits["drops"] == 0, with_credits["drops"]
+    # CC-3 on the wire: where the switch marked CE, the senders' windows were cut for it
+    cuts = [s["cwnd_ecn_cuts"] for s in without["senders"]]
+    assert not without["ce"] or sum(cuts) > 0, (without["ce"], cuts)
     assert without["receiver"]["credits"] == {"enabled": False}
     assert all(s["credit_grants"] == 0 for s in without["senders"])
     sent = [s["sent_packets"] for s in with_credits["senders"]]

@@ -58,6 +58,13 @@ def test_up_credit_rtt_nan_is_refused_by_the_parser(value):
         cmd.make_context("up", ["--dev", "eth0", "--credit-rtt-us", value])
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e400"])
+def test_up_cc_target_out_of_range_is_refused_by_the_parser(value):
+    cmd = cli.get_command(None, "up")
+    with pytest.raises(click.BadParameter):
+        cmd.make_context("up", ["--dev", "eth0", "--cc-target-us", value])
+
+
 def test_credit_config_refuses_nan():
     with pytest.raises(UsageError, match="base_rtt_s"):
         credit.CreditConfig(base_rtt_s=math.nan)

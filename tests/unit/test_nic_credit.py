@@ -54,3 +54,39 @@ def test_shares_only_in_incast_and_split_the_bdp():
     assert rx.map == {}
     g.forget(1)
     assert g.share_of(1) == 0
+
+
+def test_a_qp_connecting_beside_others_starts_limited_until_it_sends():
+    """CC-8, a sender starts limited: QPs connected ahead of an incast keep a first-round-trip
+    share however long they wait before sending (they used to look idle at the first tick,
+    lose their grant and all start with a whole window: 16:1 incast dropped 600 frames)."""
+    cfg = CreditConfig(link_rate_bps=100e6, base_rtt_s=2e-3, pmtu=1024, tick_s=0.001)
+    rx, qps = FakeRx(), []
+    g = CreditGranter(rx, cfg)
+    for qpn in (1, 2, 3, 4):
+        rx.epsn[qpn] = 100
+        g.admit(qpn, qps, 0.0)
+        qps.append(Q(qpn))
+    assert 1 not in rx.map                        # alone when it connected: no incast
+    assert rx.map == {2: 12, 3: 8, 4: 6}          # BDP 24 over the live QPs
+    g.tick(qps, 1.0)                              # a second later, none has sent yet
+    assert rx.map == {1: 6, 2: 6, 3: 6, 4: 6}     # all four may start together
+    rx.epsn[1] = 101                              # 1 starts: active, the others still fresh
+    g.tick(qps, 1.002)
+    assert rx.map == {2: 6, 3: 6, 4: 6}           # 1 alone is no incast; theirs stays
+    rx.epsn.update({2: 101, 3: 101, 4: 101})
+    g.tick(qps, 1.004)
+    assert rx.map == {1: 6, 2: 6, 3: 6, 4: 6}     # four active senders: 24 // 4
+    assert g.stats["credit_admitted"] == 4
+
+
+def test_a_lone_fresh_qp_is_not_limited():
+    cfg = CreditConfig(link_rate_bps=100e6, base_rtt_s=2e-3, pmtu=1024, tick_s=0.001)
+    rx = FakeRx()
+    g = CreditGranter(rx, cfg)
+    rx.epsn[7] = 0
+    g.admit(7, [], 0.0)
+    g.tick([Q(7)], 0.5)
+    assert rx.map == {}
+    g.forget(7)
+    assert not g.fresh

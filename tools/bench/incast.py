@@ -121,7 +121,9 @@ def delta(after: dict, before: dict) -> dict:
                                               "ecn_not_ect")}
 
 
-def rdma_run(lab: Lab, n: int, mode: str, seconds: float) -> dict:
+def rdma_run(lab: Lab, n: int, mode: str, seconds: float, credit: bool = False) -> dict:
+    """credit: the senders' QPs know their peer grants credits (what the CM's CREDIT
+    capability says, CC-8): they start in credit mode and obey flag C."""
     senders = lab.hosts[1:n + 1]
     rpd, rmr, rcq = lab.bufs["h1"]
     cap = QPCap(max_send_wr=2 * DEPTH, max_recv_wr=1)
@@ -132,7 +134,8 @@ def rdma_run(lab: Lab, n: int, mode: str, seconds: float) -> dict:
             a = QP(pd, QPInitAttr(cq, cq, cap))
             b = QP(rpd, QPInitAttr(rcq, rcq, cap))
             pairs.append((h, a, b))
-            a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": lab.ip["h1"], "mode": mode})
+            a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": lab.ip["h1"], "mode": mode},
+                      **({"credit": True} if credit else {}))
             b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": lab.ip[h], "mode": mode})
         lab.settle()
         before = lab.bottleneck()
@@ -340,7 +343,8 @@ def main() -> int:
                 for r in range(runs):
                     print(f"incast: {n} senders, run {r + 1}/{runs}, metaroce + credits",
                           file=sys.stderr, flush=True)
-                    raw[str(n)]["metaroce_credits"].append(rdma_run(lab, n, "metaroce", secs))
+                    raw[str(n)]["metaroce_credits"].append(rdma_run(lab, n, "metaroce", secs,
+                                                                   credit=True))
     finally:
         lab.close()
     points = {n: {c: {m: summary([x.get(m) for x in rs]) for m in METRICS

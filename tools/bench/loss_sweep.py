@@ -59,13 +59,16 @@ def rdma_run(c1, c2, ip1, ip2, mode, size, depth, seconds):
                 done_bytes += size
     finally:
         elapsed = time.monotonic() - t0
-        retx = qa.query().get("retransmitted_packets", 0)
+        q = qa.query()
+        retx = q.get("retransmitted_packets", 0)
         close_pair(a, b)
     fct.sort()
     p99 = fct[max(0, int(len(fct) * 0.99) - 1)] if fct else None
     return {"goodput_bps": done_bytes * 8 / elapsed, "fct_p50_s": fct[len(fct) // 2] if fct else None,
             "fct_p99_s": p99, "messages": len(fct), "retransmitted_packets": retx,
-            "app_errors": errors}
+            "rto_expired": q.get("rto_expired", 0), "srtt_us": q.get("srtt_us"),
+            "cwnd_pkts": q.get("cwnd_pkts"), "cwnd_loss_cuts": q.get("cwnd_loss_cuts", 0),
+            "cwnd_ecn_cuts": q.get("cwnd_ecn_cuts", 0), "app_errors": errors}
 
 
 def tcp_run(ns1, ns2, ip2, seconds):
@@ -146,7 +149,8 @@ def main() -> int:
             pt = {"loss": loss}
             for k, rs in raw.items():
                 pt[k] = {m: summary([r.get(m) for r in rs]) for m in
-                         ("goodput_bps", "fct_p50_s", "fct_p99_s", "retransmitted_packets")
+                         ("goodput_bps", "fct_p50_s", "fct_p99_s", "retransmitted_packets",
+                          "rto_expired", "srtt_us", "cwnd_pkts", "cwnd_loss_cuts")
                          if any(m in r for r in rs)}
                 pt[k]["app_errors"] = sum(r.get("app_errors", 0) for r in rs)
             points.append(pt)
