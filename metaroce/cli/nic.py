@@ -40,7 +40,7 @@ def _dev(dev, netns):
               help="Congestion control (spec CC-1..CC-7, COMPAT-4): MetaRoCE QPs run a window "
                    "that reacts to ECN and delay, RoCEv2 QPs DCQCN's reaction to CNPs; "
                    "--no-cc keeps a fixed window.")
-@click.option("--cc-target-us", type=finite(0, 1e6), default=500.0, show_default=True,
+@click.option("--cc-target-us", type=finite(0, 1e6), default=1000.0, show_default=True,
               help="Queueing delay above the smallest measured round trip that counts as "
                    "congestion when ECN marks arrive (CC-3).")
 @click.option("--integrity", type=click.Choice(["icrc", "csum"]), default="icrc",

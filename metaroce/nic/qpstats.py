@@ -50,6 +50,7 @@ def qp_stats(dev, qp) -> dict:
     if e.srtt >= 0:
         out["srtt_us"] = round(e.srtt / 1e3, 1)
         out["rttvar_us"] = round(e.rttvar / 1e3, 1)
+        out["min_rtt_us"] = round(e.min_rtt / 1e3, 1) if e.min_rtt >= 0 else None
     out["rto_us"] = round(e.timeout_ns / 1e3, 1) if connected and e.timeout_ns >= 0 else None
     out["rto_min_us"] = round(e.rto_min / 1e3, 1) if connected else None
     out["cwnd_pkts"] = (round(e.cwnd / qp.pmtu, 1) if e.cwnd >= 0 else
