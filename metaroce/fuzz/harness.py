@@ -300,7 +300,10 @@ class FastPathFuzzer:
         self.open_write.pop(qpn, None)
         self.rq_posted[qpn] = 0
         self.rd_posted[qpn] = 0
-        self._refill(qpn, 0, 0)
+        # the receives it consumed stay consumed (set_qp keeps the ring's head): post from
+        # there, or it would see none (RNR) until the batch ends
+        st = self._qp_raw(qpn)
+        self._refill(qpn, st.rq_head if st is not None else 0, 0)
 
     def _refill(self, qpn: int, rq_head: int, rd_head: int) -> None:
         """Keep RQ_AHEAD receive WQEs and RD_AHEAD outstanding requests posted past the heads."""
@@ -507,6 +510,7 @@ class FastPathFuzzer:
               "rearms": 0, "short_views": 0, "multi_seen": 0}
         # jumbo: frames handed over in fragments (whatever the verdict), those accepted, passed
         mb = {"frames": 0, "accepted": 0, "passed": 0, "split": 0, "largest": 0}
+        mb_work: dict = {}                     # accepted multi-buffer frames by kind of work
         view = {"bytes": 0, "multi": 0, "dirty": False}   # since the last port-counter check
         jumbo = self.max_frame is not None
         split = self._split if self.can_split else (lambda _f: None)
@@ -631,6 +635,9 @@ class FastPathFuzzer:
                 if reason in accept:
                     cat["accepted"] += 1
                     b = bth_fields(frame)
+                    if multi and b:                    # which work came in fragments
+                        k = _work(b[1])
+                        mb_work[k] = mb_work.get(k, 0) + 1
                     if b and b[2] in qps:
                         self._allow(allowed, frame, b)
                         if b[1] in resync_ops:               # READ: epsn moves by its packets
@@ -726,6 +733,7 @@ class FastPathFuzzer:
             # frames longer than their linear part: the program got them in fragments
             "multi_buffer_frames": mb["frames"],
             "multi_buffer_accepted": mb["accepted"], "multi_buffer_passed": mb["passed"],
+            "multi_buffer_accepted_by_work": _desc(mb_work),
             # ... as the program counted them (port counter rcv_multi_buf)
             "multi_buffer_seen": st["multi_seen"] if "rcv_multi_buf" in self.pcnames else None,
             "linear_splits": mb["split"] if self.can_split or not jumbo else None,
@@ -797,6 +805,17 @@ class FastPathFuzzer:
         self.maps = []
         if self.own_rx:
             self.rx.close()
+
+
+def _work(op: int) -> str:
+    """What an accepted packet of opcode op did: write, send, read_response, atomic, ..."""
+    name = C.OPCODE_NAMES.get(op, "")
+    for key, kind in (("READ_RESPONSE", "read_response"), ("READ_REQUEST", "read_request"),
+                      ("WRITE", "write"), ("SEND", "send"), ("ATOMIC_ACK", "atomic_ack"),
+                      ("ACK", "ack"), ("CNP", "cnp")):
+        if key in name:
+            return kind
+    return "atomic" if op in ATOMIC_OPS else name.lower() or f"0x{op:02x}"
 
 
 def _flip(b: bytes) -> bytes:

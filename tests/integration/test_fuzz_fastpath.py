@@ -149,6 +149,8 @@ def test_jumbo_fuzz_runs_the_fragments_path_and_keeps_every_invariant(jumbo):
     assert rep["multi_buffer_frames"] >= JUMBO_PACKETS // 3, rep["multi_buffer_frames"]
     assert rep["multi_buffer_accepted"] >= 300 and rep["multi_buffer_passed"] >= 300, rep
     assert rep["multi_buffer_seen"] == rep["multi_buffer_frames"] - rep["multi_buffer_passed"]
+    work = rep["multi_buffer_accepted_by_work"]             # 4 KiB WRITE, SEND, READ response
+    assert all(work.get(k, 0) >= 20 for k in ("write", "send", "read_response")), work
     assert rep["linear_splits"] >= JUMBO_PACKETS // 5
     assert rep["largest_frame"] > 9014
     assert rep["deep_reasons_missing"] == [] and set(rep["deep_reasons"]) == set(DEEP_REASONS)
