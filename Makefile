@@ -3,7 +3,7 @@ VENV   ?= $(CURDIR)/.venv
 PY     := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-unit test-integration bench clean fuzz fuzz-wire soak rxe-setup test-rxe
+.PHONY: setup demo test test-unit test-integration bench clean fuzz fuzz-wire fuzz-jumbo fuzz-wire-jumbo soak rxe-setup test-rxe
 
 setup:
 	@bash tools/setup.sh
@@ -35,6 +35,13 @@ fuzz: setup
 # 100,000 frames on the wire against a running daemon in a pair lab (a few minutes)
 fuzz-wire: setup
 	$(VENV)/bin/metaroce fuzz --wire --packets 100000
+
+# the same two at MTU 9000 (PMTU 4096): frames up to 9014 bytes, multi-buffer xdp_buffs
+fuzz-jumbo: setup
+	$(VENV)/bin/metaroce fuzz --mtu 9000 --packets 1000000
+
+fuzz-wire-jumbo: setup
+	$(VENV)/bin/metaroce fuzz --wire --mtu 9000 --packets 100000
 
 soak: setup
 	$(PY) -m metaroce.soak --minutes 8

@@ -1224,7 +1224,16 @@ int nic_rx(struct xdp_md *ctx)
     int rc = parse_roce(data, data_end, &rp);
     if (rc == PARSE_NOT_ROCE)
         return verdict(RX_NOT_ROCE, XDP_PASS);
-    port_count(PORT_RCV_PACKETS, bpf_xdp_get_buff_len(ctx));
+    u32 blen = bpf_xdp_get_buff_len(ctx), lin = data_end - data;
+    port_count(PORT_RCV_PACKETS, blen);
+    if (lin < blen) {                       /* a multi-buffer frame (frags) */
+        port_count_one(PORT_RCV_MULTI_BUF);
+        /* the reply is built in the linear part: if it cannot hold the longest one, refuse
+         * the frame now, before it is executed (else it would be placed, its PSN taken, and
+         * then counted malformed when the reply does not fit) */
+        if (lin < REPLY_MAX_LEN)
+            return verdict(RX_MALFORMED, XDP_DROP);
+    }
     if (rc)
         return verdict(RX_MALFORMED, XDP_DROP);
     struct bth bth;

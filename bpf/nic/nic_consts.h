@@ -172,7 +172,8 @@
 #define PORT_XMIT_BYTES 3
 #define PORT_RCV_ICRC_CHECKED 4   /* RoCE frames of a known QP checked by the ICRC (ICRC-1) */
 #define PORT_RCV_CSUM_CHECKED 5   /* ... by the negotiated UDP checksum instead (INT-3) */
-#define PORT_NCOUNTERS 6
+#define PORT_RCV_MULTI_BUF 6      /* RoCE frames that came as a multi-buffer xdp_buff (frags) */
+#define PORT_NCOUNTERS 7
 
 /* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.7, INT-1) */
 #define INT_ICRC 0                /* the RoCEv2 ICRC (CRC-32), every compat QP and the default */

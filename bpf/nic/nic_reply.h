@@ -36,6 +36,9 @@ struct reply_ext {
                           CNP_PAD_LEN)
 #define REPLY_L4(kind) (8 + BTH_LEN + REPLY_TAIL(kind) + ICRC_LEN)
 #define REPLY_LEN(ipv6, kind) (sizeof(struct ethhdr) + ((ipv6) ? 40 : 20) + REPLY_L4(kind))
+/* The longest reply (an IPv6 MR_SACK, 114 bytes): a reply is built in the frame's linear part,
+ * so a multi-buffer frame whose linear part is shorter is refused before it changes anything. */
+#define REPLY_MAX_LEN REPLY_LEN(1, REPLY_SACK)
 
 /* Sum of n 16-bit big-endian words at p (n constant). */
 static __always_inline __u32 sum16(const __u8 *p, int n)

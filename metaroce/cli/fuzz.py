@@ -18,10 +18,15 @@ SUMMARY = ("packets", "accepted", "passed", "tx", "dropped", "unaccounted", "out
 @click.option("--wire", is_flag=True,
               help="Fuzz a running daemon over the wire: a pair lab, the real daemon with live "
                    "QPs, frames sent through an AF_PACKET socket.")
+@click.option("--mtu", type=click.IntRange(1280, 9000), default=None,
+              help="Jumbo frames: frames up to this link MTU plus the Ethernet header, QPs at the "
+                   "path MTU it allows (4096 at 9000); frames past a page reach the program "
+                   "as multi-buffer xdp_buffs (its fragments path). Default: small frames at "
+                   "path MTU 256 (--wire: a 1500-byte lab at 1024).")
 @click.option("--time-limit", type=finite(min=0, min_open=True), default=None,
               help="Stop after this many seconds (the report says how many packets ran).")
 @json_option
-def fuzz(packets, seed, wire, time_limit, as_json):
+def fuzz(packets, seed, wire, mtu, time_limit, as_json):
     """Fuzz the XDP fast path with BPF_PROG_TEST_RUN: valid packets of every opcode against
     live QPs and regions, mutated headers, lengths and keys, truncations, random frames.
     Exits non-zero if any packet is unaccounted for, any byte changes outside what an
@@ -34,12 +39,15 @@ def fuzz(packets, seed, wire, time_limit, as_json):
             raise UsageError("--time-limit applies to the BPF_PROG_TEST_RUN fuzzer, not --wire")
         from ..fuzz.wire import fuzz_wire  # noqa: PLC0415
         if not as_json:
-            log(f"fuzzing a running daemon over the wire: {packets} frames, seed {seed}")
-        rep = fuzz_wire(packets, seed, progress=lambda done, t: log(f"  {done} frames, {t:.0f} s"))
+            log(f"fuzzing a running daemon over the wire: {packets} frames, seed {seed}" +
+                (f", MTU {mtu}" if mtu else ""))
+        rep = fuzz_wire(packets, seed, progress=lambda done, t: log(f"  {done} frames, {t:.0f} s"),
+                        mtu=mtu)
         if as_json:
             emit_json(rep)
         else:
-            for k in SUMMARY + ("not_delivered", "delivered", "qps_rearmed"):
+            for k in SUMMARY + ("not_delivered", "delivered", "qps_rearmed",
+                                "multi_buffer_frames"):
                 click.echo(f"{k:<22} {rep[k]:>12,}")
             click.echo("drops by reason:")
             for k, v in rep["drops_by_reason"].items():
@@ -49,9 +57,11 @@ def fuzz(packets, seed, wire, time_limit, as_json):
     from ..fuzz.harness import fuzz_fastpath  # noqa: PLC0415
 
     if not as_json:
-        log(f"fuzzing the XDP fast path: {packets} packets, seed {seed}")
+        log(f"fuzzing the XDP fast path: {packets} packets, seed {seed}" +
+            (f", frames up to {mtu + 14} bytes (MTU {mtu})" if mtu else ""))
     rep = fuzz_fastpath(packets, seed, time_limit_s=time_limit,
-                        progress=lambda done, t: log(f"  {done} packets, {done / t:,.0f}/s"))
+                        progress=lambda done, t: log(f"  {done} packets, {done / t:,.0f}/s"),
+                        mtu=mtu)
     if as_json:
         emit_json(rep)
     else:
@@ -67,6 +77,15 @@ def _print(rep: dict) -> None:
     for k in SUMMARY:
         click.echo(f"{k:<22} {rep[k]:>12,}")
     click.echo(f"{'rate':<22} {rep['packets_per_s']:>12,} packets/s ({rep['elapsed_s']} s)")
+    if rep["mtu"]:
+        click.echo(f"jumbo: MTU {rep['mtu']}, PMTU {rep['pmtu']}, largest frame "
+                   f"{rep['largest_frame']:,} bytes")
+        click.echo(f"{'multi_buffer_frames':<22} {rep['multi_buffer_frames']:>12,} "
+                   f"(program counted {rep['multi_buffer_seen'] or 0:,} RoCE ones; "
+                   f"{rep['multi_buffer_accepted']:,} accepted, "
+                   f"{rep['multi_buffer_passed']:,} passed)")
+        if rep["linear_splits"] is not None:
+            click.echo(f"{'linear_splits':<22} {rep['linear_splits']:>12,}")
     click.echo("drops by reason (silently dropped):")
     for k, v in rep["drops_by_reason"].items():
         click.echo(f"  {k:<20} {v:>12,}")

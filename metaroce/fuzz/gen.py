@@ -6,7 +6,13 @@ AtomicETH (rkey, VA, DMA length) with an eye on region and chunk edges, payload 
 lengths (truncations, length lies, trailing bytes), random byte flips, and frames that are not
 RoCE at all. Most mutants get their ICRC recomputed so they reach the checks behind it (PSN
 window, opcode sequence, rkey, PD, access, bounds); some keep a valid rkey and the expected PSN
-and lie only about lengths or offsets near region edges."""
+and lie only about lengths or offsets near region edges.
+
+With a frame limit (`Target.max_frame`, jumbo frames: the fuzzers' --mtu) frames grow to it:
+random frames, trailing bytes and payload changes scale with it, and a `jumbo` kind adds frames
+only a large MTU carries (payloads past the path MTU, a full-MTU datagram padded to the frame
+limit, UDP and IP lengths that disagree with each other or with the frame, and with
+`Target.oversize` frames past the limit)."""
 
 from __future__ import annotations
 
@@ -69,11 +75,14 @@ class Target:
     dead_rkeys: list[int]
     pmtu: int = 1024
     unknown_qpns: list[int] = field(default_factory=lambda: [0, 0x3FF, 0xFFFFFF, 0x000777])
+    max_frame: int | None = None      # jumbo: the largest frame (link MTU + Ethernet header)
+    oversize: bool = False            # jumbo: some frames past max_frame (BPF_PROG_TEST_RUN only)
 
 
 # weights of the kinds of packet in the stream
 KINDS = (("valid", 12), ("sequence", 6), ("field", 34), ("edge", 18), ("flip_no_icrc", 8),
          ("truncate", 8), ("random", 5), ("not_roce", 7), ("response", 6))
+JUMBO_KINDS = KINDS + (("jumbo", 10),)
 RESPONSE_OPS = (O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_MIDDLE,
                 O.RC_RDMA_READ_RESPONSE_LAST, O.RC_RDMA_READ_RESPONSE_ONLY,
                 O.RC_ACKNOWLEDGE, O.RC_ATOMIC_ACKNOWLEDGE)
@@ -94,10 +103,13 @@ class Generator:
             sp = sample_packet(op, 4, 1)
             self.fixed[op] = [None if isinstance(h, (RETH, AtomicETH)) else h.pack()
                               for h in sp.headers]
-        kinds, weights = zip(*KINDS)
+        self.big = target.max_frame or 1600        # the largest frame a random one may be
+        kinds, weights = zip(*(JUMBO_KINDS if target.max_frame else KINDS))
         self._kind_pool = r.choices(kinds, weights, k=4096)
         self._ki = 0
         self.writable = [g for g in target.regions if g.access & ACCESS_REMOTE_WRITE]
+        self._deltas = (-1, -3, -4, -8, 1, 3, 4, 8, 64, -64) + \
+            ((-1024, 1024, -4096, 4096, 4097, -4093) if target.max_frame else ())
 
     # -- pieces ------------------------------------------------------------------------------
     def _payload(self, n: int) -> bytes:
@@ -324,7 +336,7 @@ class Generator:
     def _k_random(self):
         r = self.rng
         if r.random() < 0.5:
-            return bytearray(self._payload(r.randrange(F.ETH_LEN, 1600)))
+            return bytearray(self._payload(r.randrange(F.ETH_LEN, self.big)))
         f = self.build(self._op(), self._qp())              # RoCE headers, random transport
         start = r.randrange(F.BTH_OFF6 if f[12:14] == b"\x86\xdd" else F.BTH_OFF4, len(f))
         f[start:] = self._payload(len(f) - start)
@@ -354,6 +366,53 @@ class Generator:
         else:                                              # a runt frame
             f = f[:r.randrange(F.ETH_LEN, 42)]
         return f
+
+    def _k_jumbo(self):
+        """Frames only a large MTU carries, most of them against a live QP at its expected PSN
+        with a valid ICRC, so that they reach the length checks behind it."""
+        r = self.rng
+        qp = self._qp()
+        pmtu, big = self.t.pmtu, self.t.max_frame
+        x = r.randrange(7)
+        if x == 0:                                 # a payload past the path MTU, up to the frame
+            op = r.choice((O.RC_RDMA_WRITE_ONLY, O.RC_SEND_ONLY, O.RC_RDMA_WRITE_FIRST,
+                           O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_READ_RESPONSE_MIDDLE,
+                           O.RC_RDMA_READ_RESPONSE_ONLY, O.MR_RDMA_WRITE_ONLY))
+            room = max(big - 120, pmtu + 1)
+            n = r.choice((pmtu + 1, pmtu + 4, 2 * pmtu, room, r.randrange(pmtu + 1, room + 1)))
+            return self.build(op, qp, length=n, v6=r.random() < 0.3)
+        if x == 1:                                 # a full-MTU packet, the frame padded behind it
+            f = self.build(r.choice(WRITE_OPS + SEND_OPS), qp, length=pmtu)
+            return f + self._payload(r.randrange(1, max(big - len(f), 2)))
+        if x in (2, 3):                            # UDP and IP lengths that disagree
+            f = self.build(r.choice(WRITE_OPS + SEND_OPS + RESPONSE_OPS[:4]), qp, length=pmtu)
+            v6 = f[12:14] == b"\x86\xdd"
+            udp = F.ETH_LEN + (F.IP6_LEN if v6 else F.IP4_LEN)
+            ulen = int.from_bytes(f[udp + 4:udp + 6], "big")
+            new = r.choice((ulen - 4096, ulen - pmtu // 2, ulen + 4096, 9000, big - F.ETH_LEN,
+                            ulen - 1, ulen + 1, len(f) - udp, r.randrange(20, 0x10000)))
+            new &= 0xFFFF
+            if x == 2:                             # both say the same, the frame disagrees
+                F.set_udp_len(f, new)
+                if r.random() < 0.6:
+                    F.fix_icrc(f)                  # an ICRC where the new length puts it
+            elif r.random() < 0.5:                 # only the UDP length moves
+                f[udp + 4:udp + 6] = new.to_bytes(2, "big")
+                F.fix_icrc(f)
+            else:                                  # only the IP length moves
+                if v6:
+                    f[18:20] = new.to_bytes(2, "big")
+                else:
+                    f[16:18] = ((new + F.IP4_LEN) & 0xFFFF).to_bytes(2, "big")
+                    F.fix_icrc(f)
+            return f
+        if x == 4:                                 # honest big frames that end early
+            f = self.build(r.choice(WRITE_OPS + SEND_OPS), qp, length=pmtu)
+            return self._resize_payload(f, -r.randrange(1, pmtu))
+        if x == 5 and self.t.oversize:             # past the link's frame limit
+            f = self.build(r.choice((O.RC_RDMA_WRITE_ONLY, O.RC_SEND_ONLY)), qp, length=pmtu)
+            return f + self._payload(r.randrange(big - len(f) + 1, big - len(f) + 8192))
+        return self._mutate(self.build(self._op(), qp, length=pmtu), r.randrange(1, 3))
 
     # -- mutations --------------------------------------------------------------------------
     def _resize_payload(self, f: bytearray, delta: int) -> bytearray:
@@ -422,14 +481,16 @@ class Generator:
                     rkey, va = g.rkey, (g.addr + self._edge_offset(g)) & (2**64 - 1)
                 struct.pack_into("!QII", f, h, va, rkey, dma & 0xFFFFFFFF)
             elif m == 8:                                   # the payload grows or shrinks
-                f = self._resize_payload(f, r.choice((-1, -3, -4, -8, 1, 3, 4, 8, 64, -64)))
+                f = self._resize_payload(f, r.choice(self._deltas))
             elif m == 9:                                   # the UDP length lies
                 udp = bth - F.UDP_LEN
                 ulen = int.from_bytes(f[udp + 4:udp + 6], "big")
                 F.set_udp_len(f, r.choice((ulen - 1, ulen + 1, ulen - 4, ulen + 4, 0, 8, 20,
                                            23, 24, 0xFFFF, ulen - 12)))
             elif m == 10:                                  # trailing bytes after the datagram
-                f = f + self._payload(r.randrange(1, 64))
+                most = 64 if not self.t.max_frame or r.random() < 0.7 else \
+                    max(self.big - len(f), 2)          # jumbo: up to the frame limit
+                f = f + self._payload(r.randrange(1, most))
             elif m == 11:                                  # a random byte in the headers
                 i = r.randrange(bth, min(bth + F.BTH_LEN + offs["_end"] + 1, end))
                 f[i] = r.getrandbits(8)

@@ -15,7 +15,21 @@ Invariants:
     length inside its map, never in a region its QP's PD cannot reach; checked per batch by
     comparing each region with a shadow copy that only accepted packets' ranges may update;
   * replies (XDP_TX) carry a valid ICRC; packets that are not RoCE pass untouched;
-  * at the end the program still places a valid WRITE, exactly where it was aimed.
+  * at the end the program still places a valid WRITE, exactly where it was aimed;
+  * the program sees every byte of every frame it parses as RoCE: per batch, its port counter of
+    received bytes (bpf_xdp_get_buff_len) moves by the sum of those frames' lengths, and its
+    count of multi-buffer frames by the number of them the test run handed over in fragments.
+
+Jumbo frames (`mtu`, the CLI's --mtu): QPs at the path MTU the link MTU allows (4096 at 9000),
+frames up to the link MTU plus the Ethernet header (a few past it), receive and response buffers
+that hold multi-packet messages at that MTU. A frame longer than the linear part of a test run
+(PAGE_SIZE - XDP_PACKET_HEADROOM - skb_shared_info: 3520 bytes here) reaches the program as a
+multi-buffer xdp_buff: the kernel puts the rest into page fragments, because the program is
+loaded frags-aware (BPF_F_XDP_HAS_FRAGS). Half of the frames also get a linear part of the
+harness's choosing (an xdp_md context in, `data_end` < the frame's length: kernels from 6.18),
+at or near a header edge (Ethernet, IP, UDP, BTH, extension headers, payload, ICRC) or anywhere,
+so headers, payloads and the ICRC straddle the boundary between the linear part and the
+fragments, and frames of any size arrive in fragments.
 
 Speed: one BPF_PROG_TEST_RUN per packet (~3 us) and one batched per-CPU counter lookup per
 packet (~5 us); the generator dominates. `repeat` is never used: on this kernel every test run
@@ -29,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import random
 import struct
 import time
 
@@ -80,8 +95,23 @@ RD_BUFS = {0x000011: ((RD_READ, 0, 0x2A000, 700), (RD_ATOMIC, 0, 0x2B000, 8),
 RD_AHEAD = 4
 SQ_SPAN = 200               # PSNs "in flight" on each requester
 BATCH = 512                 # packets between memory checks, QP resyncs and refills
+# jumbo frames (PMTU 4096): receive buffers and READ/ATOMIC slots that hold multi-packet
+# messages, laid out so that no two overlap (region 0 ends at 0x303E8); the same bad ones too
+RECV_BUFS_JUMBO = {0x000011: ((0, 0x20000, 16384), (0, MR_CHUNK - 700, 9000),
+                              (0, 3 * MR_CHUNK + 600, 1000)),
+                   0x000012: ((6, 100, 12000), (3, 0, 1000), (6, 2 * MR_CHUNK - 600, 2000)),
+                   0x000013: ((0, 0x28000, 8192), (2, 0, 1000), (6, 0, 1000))}
+RD_BUFS_JUMBO = {0x000011: ((RD_READ, 0, 0x2A000, 10000), (RD_ATOMIC, 0, 0x24800, 8),
+                            (RD_READ, 0, 3 * MR_CHUNK + 800, 600), (RD_READ, 2, 0, 300)),
+                 0x000012: ((RD_READ, 6, 16384, 9000), (RD_ATOMIC, 6, 40000 + 3, 8)),
+                 0x000013: ((RD_ATOMIC, 0, 0x25000, 8), (RD_READ, 0, 0x2D000, 5000))}
+# the linear part of a BPF_PROG_TEST_RUN frame (the rest goes into page fragments):
+# PAGE_SIZE - XDP_PACKET_HEADROOM (256) - SKB_DATA_ALIGN(sizeof(struct skb_shared_info)) (320)
+LINEAR_MAX = mmap.PAGESIZE - 256 - 320
+SPLIT_SHARE = 0.5           # jumbo: frames whose linear part the harness chooses
 FATAL_TX = ("nak_inv_req", "nak_rem_access", "nak_rem_op")
-FAULTS = ("guard", "region", "lose_count", "extra_count", "bad_reply", "pass_modified")
+FAULTS = ("guard", "region", "lose_count", "extra_count", "bad_reply", "pass_modified",
+          "short_view")
 
 
 def _pattern(idx: int, n: int, guard: bool = False) -> bytes:
@@ -91,13 +121,15 @@ def _pattern(idx: int, n: int, guard: bool = False) -> bytes:
 
 class _Runner:
     """BPF_PROG_TEST_RUN with preallocated options and output buffer (RxPath.run does the
-    same call; this one avoids allocating per packet)."""
+    same call; this one avoids allocating per packet). `linear` (jumbo mode) sets the length
+    of the frame's linear part through an xdp_md context; the kernel puts the rest into page
+    fragments (kernels from 6.18 take data_end < data_size_in; older ones refuse: EINVAL)."""
 
     class _Opts(ctypes.Structure):
         _fields_ = [(n, ctypes.c_char_p if n == "data_in" else t)
                     for n, t in libbpf._TestRunOpts._fields_]
 
-    def __init__(self, prog_fd: int, out_size: int = 16384):
+    def __init__(self, prog_fd: int, out_size: int = 1 << 17):
         self.fd = prog_fd
         self.out = ctypes.create_string_buffer(out_size)
         self.o = self._Opts(sz=ctypes.sizeof(self._Opts), data_out=ctypes.addressof(self.out),
@@ -105,12 +137,19 @@ class _Runner:
         self.ref = ctypes.byref(self.o)
         self.call = libbpf.lib().bpf_prog_test_run_opts
         self.size = out_size
+        self.ctx = libbpf.XdpMd()
+        self.ctx_addr, self.ctx_size = ctypes.addressof(self.ctx), ctypes.sizeof(self.ctx)
 
-    def run(self, frame: bytes) -> int:
+    def run(self, frame: bytes, linear: int | None = None) -> int:
         o = self.o
         o.data_in = frame
         o.data_size_in = len(frame)
         o.data_size_out = self.size
+        if linear is not None:
+            self.ctx.data_end = linear
+            o.ctx_in, o.ctx_size_in = self.ctx_addr, self.ctx_size
+        elif o.ctx_size_in:
+            o.ctx_in, o.ctx_size_in = None, 0
         if self.call(self.fd, self.ref) < 0:
             err = ctypes.get_errno()
             raise OSError(err, f"bpf_prog_test_run_opts: {os.strerror(err)}")
@@ -168,8 +207,9 @@ class _Counters:
 
 
 class FastPathFuzzer:
-    def __init__(self, seed: int = 1, rx=None, batch: int = BATCH):
+    def __init__(self, seed: int = 1, rx=None, batch: int = BATCH, mtu: int | None = None):
         self.seed = seed
+        self.mtu = mtu                     # None: small frames at PMTU 256 (the default)
         self.batch = max(int(batch), 1)
         self.own_rx = rx is None
         self.rx = rx or rxmod.RxPath(max_qps=64, max_mrs=64)
@@ -179,7 +219,19 @@ class FastPathFuzzer:
         self.runner = _Runner(self.rx.prog_fd)
         self.rxc = _Counters(self.rx, "rx_counters", len(self.reasons))
         self.txc = _Counters(self.rx, "tx_counters", len(self.txnames))
-        self.pmtu = 256                    # small packets: more of them per second
+        self.pcnames = tuple(rxmod.PORT_COUNTERS)
+        self.pcc = _Counters(self.rx, "port_counters", len(self.pcnames))
+        if mtu is None:
+            self.pmtu = 256                # small packets: more of them per second
+            self.max_frame = None
+            recv_bufs, rd_bufs = RECV_BUFS, RD_BUFS
+        else:                              # jumbo: the path MTU the link MTU allows
+            from ..nic.device import largest_pmtu  # noqa: PLC0415
+            self.pmtu = largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000 (two AF_XDP chunks)
+            self.max_frame = mtu + F.ETH_LEN
+            recv_bufs, rd_bufs = RECV_BUFS_JUMBO, RD_BUFS_JUMBO
+        self.recv_bufs, self.rd_bufs = recv_bufs, rd_bufs
+        self.srng = random.Random(seed * 7919 + 17)   # the linear parts chosen (jumbo)
         self.regions, self.maps = [], []
         for i, (length, pd, access) in enumerate(REGIONS):
             mr = self.rx.reg_mr(length, pd, access)
@@ -203,9 +255,9 @@ class FastPathFuzzer:
         self._lookup = libbpf.lib().bpf_map_lookup_elem
         self.open_write: dict[int, tuple] = {}  # qpn -> (region, lo, hi) of the WRITE in progress
         # where each QP's SENDs and responses may legitimately land: region -> [(lo, hi)]
-        self.recv_spans = {q: self._spans(q, ((b[0], b[1], b[2]) for b in RECV_BUFS.get(q, ())),
+        self.recv_spans = {q: self._spans(q, ((b[0], b[1], b[2]) for b in recv_bufs.get(q, ())),
                                           ACCESS_LOCAL_WRITE) for q, *_ in QPS}
-        self.resp_spans = {q: self._spans(q, ((b[1], b[2], b[3]) for b in RD_BUFS.get(q, ())),
+        self.resp_spans = {q: self._spans(q, ((b[1], b[2], b[3]) for b in rd_bufs.get(q, ())),
                                           ACCESS_LOCAL_WRITE) for q, *_ in QPS}
         for qpn, pd, epsn, dqpn, peer in QPS:
             self.qps[qpn] = Qp(qpn, pd, dqpn, epsn, una=(epsn + 0x1000) & C.PSN_MASK)
@@ -213,8 +265,18 @@ class FastPathFuzzer:
             self._arm(qpn)
         dead = [(g.rkey + 0x10001) & 0xFFFFFFFF for g in self.regions]
         self.target = Target(self.regions, list(self.qps.values()),
-                             [k for k in dead if k not in self.by_rkey], pmtu=self.pmtu)
+                             [k for k in dead if k not in self.by_rkey], pmtu=self.pmtu,
+                             max_frame=self.max_frame, oversize=self.max_frame is not None)
         self.faults: dict[int, str] = {}
+        self.can_split = mtu is not None and self._probe_split()
+
+    def _probe_split(self) -> bool:
+        """Does this kernel's test run take a linear part shorter than the frame (6.18+)?"""
+        try:
+            self.runner.run(F.ETH_DST + F.ETH_SRC + b"\x88\xb5" + bytes(300), 100)
+            return True
+        except OSError:
+            return False
 
     def _spans(self, qpn: int, bufs, need: int) -> dict:
         pd = next(q[1] for q in QPS if q[0] == qpn)
@@ -238,11 +300,14 @@ class FastPathFuzzer:
         self.open_write.pop(qpn, None)
         self.rq_posted[qpn] = 0
         self.rd_posted[qpn] = 0
-        self._refill(qpn, 0, 0)
+        # the receives it consumed stay consumed (set_qp keeps the ring's head): post from
+        # there, or it would see none (RNR) until the batch ends
+        st = self._qp_raw(qpn)
+        self._refill(qpn, st.rq_head if st is not None else 0, 0)
 
     def _refill(self, qpn: int, rq_head: int, rd_head: int) -> None:
         """Keep RQ_AHEAD receive WQEs and RD_AHEAD outstanding requests posted past the heads."""
-        bufs = RECV_BUFS.get(qpn, ())
+        bufs = self.recv_bufs.get(qpn, ())
         if bufs:
             seq = max(self.rq_posted[qpn], rq_head)
             live = self.rq_live[qpn]
@@ -256,7 +321,7 @@ class FastPathFuzzer:
                     live[slot] = seq
                 seq += 1
             self.rq_posted[qpn] = seq
-        slots = RD_BUFS.get(qpn, ())
+        slots = self.rd_bufs.get(qpn, ())
         if slots:
             q = self.qps[qpn]
             i = max(self.rd_posted[qpn], rd_head)
@@ -380,8 +445,53 @@ class FastPathFuzzer:
             self.rxc.add(frame_reason if frame_reason is not None else 0, -1)
         elif kind == "extra_count":
             self.rxc.add(self.reasons.index("not_roce"), 1)
+        elif kind == "short_view":                     # the program "saw" a byte less
+            self.pcc.add(self.pcnames.index("rcv_bytes"), -1)
         else:
             raise ValueError(f"unknown fault {kind!r} (one of {', '.join(FAULTS)})")
+
+    def _split(self, frame: bytes) -> int | None:
+        """The linear part of the frame's xdp_buff (jumbo mode): None for the kernel's own
+        (min(length, LINEAR_MAX)), else at or near a header edge, or anywhere."""
+        r = self.srng
+        n = len(frame)
+        if n <= F.ETH_LEN or r.random() >= SPLIT_SHARE:
+            return None
+        b = F.l4_bounds(frame)
+        if b is not None and r.random() < 0.75:
+            _v, bth, end = b
+            pay = bth + F.BTH_LEN + F.header_offsets(frame[bth])["_end"]
+            if r.random() < 0.35:          # a header straddles (the program must refuse it)
+                edge = r.choice((F.ETH_LEN, bth - F.UDP_LEN, bth, bth + F.BTH_LEN, pay))
+            else:                          # the payload, an ICRC chunk or the ICRC straddles
+                edge = r.choice((end - F.ICRC_LEN, end, 128, 256, pay + 256 * r.randrange(1, 17)))
+            at = edge + r.choice((0, 0, 0, -1, 1, -2, 2, -3, 3, -4, 4, -8, 8, 64, 1000))
+        else:
+            at = r.randrange(F.ETH_LEN, n + 1)
+        return max(F.ETH_LEN, min(at, n, LINEAR_MAX))
+
+    def _check_views(self, pc_prev: list, view: dict, st: dict) -> list:
+        """The program's port counters against what it was handed since pc_prev: the bytes of
+        the frames it parsed as RoCE and how many of them came in fragments."""
+        now = self.pcc.read()
+        names = self.pcnames
+        got = now[names.index("rcv_bytes")] - pc_prev[names.index("rcv_bytes")]
+        if view["dirty"]:
+            pass                           # a packet with no single reason: reported already
+        elif got != view["bytes"]:
+            st["short_views"] += 1
+            self._fail(st, f"the program saw {got} bytes of the RoCE frames it was handed, "
+                           f"they were {view['bytes']} bytes long")
+        if "rcv_multi_buf" in names:
+            i = names.index("rcv_multi_buf")
+            got = now[i] - pc_prev[i]
+            st["multi_seen"] += got
+            if not view["dirty"] and got != view["multi"]:
+                st["short_views"] += 1
+                self._fail(st, f"the program counted {got} multi-buffer frames, "
+                               f"{view['multi']} were handed over in fragments")
+        view.update(bytes=0, multi=0, dirty=False)
+        return now
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, packets: int, time_limit_s: float | None = None, progress=None,
@@ -397,18 +507,25 @@ class FastPathFuzzer:
         st = {"out_of_region_writes": 0, "guard_bytes_changed": 0, "violations": 0,
               "failures": [], "crashes": 0, "bad_retval": 0, "unaccounted": 0,
               "double_counted": 0, "bad_replies": 0, "pass_modified": 0, "pass_mismatch": 0,
-              "rearms": 0}
+              "rearms": 0, "short_views": 0, "multi_seen": 0}
+        # jumbo: frames handed over in fragments (whatever the verdict), those accepted, passed
+        mb = {"frames": 0, "accepted": 0, "passed": 0, "split": 0, "largest": 0}
+        mb_work: dict = {}                     # accepted multi-buffer frames by kind of work
+        view = {"bytes": 0, "multi": 0, "dirty": False}   # since the last port-counter check
+        jumbo = self.max_frame is not None
+        split = self._split if self.can_split else (lambda _f: None)
         cat = {"accepted": 0, "passed": 0, "tx": 0, "dropped": 0}
         refused = [[0, 0] for _ in range(nr)]       # per reason: [dropped, answered]
         start_totals = self.rx.counters()
         old_affinity = os.sched_getaffinity(0)
         cpu = min(old_affinity)
         os.sched_setaffinity(0, {cpu})
-        self.rxc.cpu = self.txc.cpu = cpu
+        self.rxc.cpu = self.txc.cpu = self.pcc.cpu = cpu
         done = 0
         t0 = time.perf_counter()
         try:
             rx_prev, tx_prev = self.rxc.read(), self.txc.read()
+            pc_prev = self.pcc.read()
             allowed: dict = {}
             gen = iter(Generator(self.target, self.seed))
             run, output, rxread, txread = self.runner.run, self.runner.output, self.rxc.read, \
@@ -431,8 +548,9 @@ class FastPathFuzzer:
             while done < packets:
                 frame = next(gen)
                 done += 1
+                linear = split(frame) if jumbo else None
                 try:
-                    rc = run(frame)
+                    rc = run(frame, linear)
                 except OSError as exc:
                     st["crashes"] += 1
                     st["unaccounted"] += 1
@@ -456,9 +574,22 @@ class FastPathFuzzer:
                     for i in moved:
                         by_reason[i] += rx_now[i] - rx_prev[i]
                     rx_prev = rx_now
+                    view["dirty"] = True
                     continue
                 rx_prev = rx_now
                 by_reason[reason] += 1
+                n = len(frame)
+                multi = n > (min(n, LINEAR_MAX) if linear is None else linear)
+                if reason != not_roce:         # parsed as RoCE: the program counts its bytes
+                    view["bytes"] += n
+                    view["multi"] += multi
+                if multi:
+                    mb["frames"] += 1
+                    mb["accepted"] += reason in accept
+                    mb["passed"] += rc == XDP_PASS
+                mb["split"] += linear is not None and linear < n
+                if n > mb["largest"]:
+                    mb["largest"] = n
                 key = (reason, rc)
                 actions[key] = actions.get(key, 0) + 1
                 fatal = False
@@ -504,6 +635,9 @@ class FastPathFuzzer:
                 if reason in accept:
                     cat["accepted"] += 1
                     b = bth_fields(frame)
+                    if multi and b:                    # which work came in fragments
+                        k = _work(b[1])
+                        mb_work[k] = mb_work.get(k, 0) + 1
                     if b and b[2] in qps:
                         self._allow(allowed, frame, b)
                         if b[1] in resync_ops:               # READ: epsn moves by its packets
@@ -544,6 +678,7 @@ class FastPathFuzzer:
                 if done >= next_check:
                     next_check = min(next_check + self.batch, packets)
                     self._check_memory(allowed, st)
+                    pc_prev = self._check_views(pc_prev, view, st)
                     tx_now = txread()
                     if tx_now != tx_prev:
                         st["unaccounted"] += 1
@@ -559,7 +694,7 @@ class FastPathFuzzer:
             elapsed = time.perf_counter() - t0
         finally:
             os.sched_setaffinity(0, old_affinity)
-            self.rxc.cpu = self.txc.cpu = None
+            self.rxc.cpu = self.txc.cpu = self.pcc.cpu = None
         self._check_memory(allowed, st)
         end_totals = self.rx.counters()
         # the per-packet attribution must add up to what RxPath.counters() says
@@ -594,6 +729,16 @@ class FastPathFuzzer:
             "double_counted": st["double_counted"],
             "violations": st["violations"],
             "final_write_ok": final_ok,
+            "mtu": self.mtu, "pmtu": self.pmtu, "max_frame": self.max_frame,
+            # frames longer than their linear part: the program got them in fragments
+            "multi_buffer_frames": mb["frames"],
+            "multi_buffer_accepted": mb["accepted"], "multi_buffer_passed": mb["passed"],
+            "multi_buffer_accepted_by_work": _desc(mb_work),
+            # ... as the program counted them (port counter rcv_multi_buf)
+            "multi_buffer_seen": st["multi_seen"] if "rcv_multi_buf" in self.pcnames else None,
+            "linear_splits": mb["split"] if self.can_split or not jumbo else None,
+            "largest_frame": mb["largest"],
+            "short_views": st["short_views"],
             # silently dropped packets by reason (sums to `dropped`)
             "drops_by_reason": _desc({reasons[i]: refused[i][0] for i in range(nr)}),
             # refused packets answered with a NAK / RNR NAK / re-ACK / CNP (sums to `tx`)
@@ -618,6 +763,10 @@ class FastPathFuzzer:
             self._fail(st, f"{done} packets but {total} accounted for")
             res["failures"] = st["failures"]
         res["violations"] = st["violations"]
+        if self.max_frame is not None and done >= 1000 and not (mb["frames"] and mb["accepted"]):
+            self._fail(st, f"jumbo frames but {mb['frames']} multi-buffer frames "
+                           f"({mb['accepted']} accepted): the fragments path did not run")
+            res["failures"] = st["failures"]
         res["ok"] = total == done and st["unaccounted"] == 0 and st["violations"] == 0 and final_ok
         return res
 
@@ -628,7 +777,8 @@ class FastPathFuzzer:
         self._resync(qpn)
         self._arm(qpn)
         q = self.qps[qpn]
-        data = bytes((i * 13 + 5) & 0xFF for i in range(200))
+        n = 200 if self.max_frame is None else self.pmtu   # jumbo: a multi-buffer frame
+        data = bytes((i * 13 + 5) & 0xFF for i in range(n))
         off = 4096 + 3
         frame = bytes(F.assemble(False, C.Opcode.RC_RDMA_WRITE_ONLY, qpn, q.epsn,
                                  struct.pack("!QII", g.addr + off, g.rkey, len(data)), data,
@@ -639,13 +789,13 @@ class FastPathFuzzer:
         delta = {k: after[k] - before[k] for k in after if after[k] != before[k]}
         m = self.maps[0]
         changed = bytes(m[:g.length]) != bytes(self.shadow[0][:off]) + data + \
-            bytes(self.shadow[0][off + 200:])
+            bytes(self.shadow[0][off + n:])
         ok = (rc == XDP_TX and delta == {"placed": 1, "tx_ack": 1} and not changed
               and F.icrc_valid(out))
         if not ok:
             self._fail(stats, f"the final valid WRITE was not placed exactly: rc {rc}, "
                               f"counters {delta}, other bytes changed: {changed}")
-        self.shadow[0][off:off + 200] = data
+        self.shadow[0][off:off + n] = data
         q.epsn = (q.epsn + 1) & C.PSN_MASK
         return ok
 
@@ -655,6 +805,17 @@ class FastPathFuzzer:
         self.maps = []
         if self.own_rx:
             self.rx.close()
+
+
+def _work(op: int) -> str:
+    """What an accepted packet of opcode op did: write, send, read_response, atomic, ..."""
+    name = C.OPCODE_NAMES.get(op, "")
+    for key, kind in (("READ_RESPONSE", "read_response"), ("READ_REQUEST", "read_request"),
+                      ("WRITE", "write"), ("SEND", "send"), ("ATOMIC_ACK", "atomic_ack"),
+                      ("ACK", "ack"), ("CNP", "cnp")):
+        if key in name:
+            return kind
+    return "atomic" if op in ATOMIC_OPS else name.lower() or f"0x{op:02x}"
 
 
 def _flip(b: bytes) -> bytes:
@@ -673,12 +834,13 @@ def _actions(actions: dict, reasons) -> dict:
     return out
 
 
-def load_fuzzer(seed: int = 1, retries: int = 3, retry_wait_s: float = 20.0) -> FastPathFuzzer:
+def load_fuzzer(seed: int = 1, retries: int = 3, retry_wait_s: float = 20.0,
+                mtu: int | None = None) -> FastPathFuzzer:
     """Load the program (retrying while it does not compile: bpf/ may be mid-edit)."""
     last = None
     for attempt in range(retries):
         try:
-            return FastPathFuzzer(seed)
+            return FastPathFuzzer(seed, mtu=mtu)
         except Exception as exc:  # noqa: BLE001 (BCC raises plain Exception on compile errors)
             last = exc
             if attempt + 1 < retries:
@@ -687,9 +849,11 @@ def load_fuzzer(seed: int = 1, retries: int = 3, retry_wait_s: float = 20.0) -> 
 
 
 def fuzz_fastpath(packets: int, seed: int = 1, time_limit_s: float | None = None,
-                  progress=None, faults: dict[int, str] | None = None, retries: int = 3) -> dict:
-    """Load the program, fuzz it with `packets` packets, return the report."""
-    fz = load_fuzzer(seed, retries)
+                  progress=None, faults: dict[int, str] | None = None, retries: int = 3,
+                  mtu: int | None = None) -> dict:
+    """Load the program, fuzz it with `packets` packets (jumbo frames with `mtu`), return the
+    report."""
+    fz = load_fuzzer(seed, retries, mtu=mtu)
     try:
         return fz.run(packets, time_limit_s, progress, faults)
     finally:

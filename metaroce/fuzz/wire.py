@@ -15,6 +15,12 @@ Invariants, reported as JSON:
     its pattern, and the bytes past every region's length inside its map keep theirs;
   * crashes = 0: the daemon is alive afterwards, and daemon_serves_after: a fresh QP pair still
     WRITEs and READs back verified data.
+
+With `mtu` (the CLI's --mtu, e.g. 9000) the pair lab runs at that link MTU (the NIC's program
+frags-aware in native XDP), the QPs at the path MTU it allows (4096 at 9000) and the frames grow
+up to the MTU plus the Ethernet header; `multi_buffer_frames` is the NIC program's own count
+(port counter rcv_multi_buf) of RoCE frames that reached it as multi-buffer xdp_buffs, so a run
+that never exercised the fragments path cannot pass.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import time
 
 from ..lab import core
 from ..nic import daemon as d
+from ..nic.device import largest_pmtu
 from ..verbs import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
                      IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
                      CQ, MR, PD, QP, Context, QPInitAttr, SendWR)
 from . import frames as F
 from .gen import Generator, Qp, Region, Target
 from ..nic.rx import QP_RX_ERROR
-from .harness import ACCEPT_REASONS, DEEP_REASONS
+from .harness import ACCEPT_REASONS, DEEP_REASONS, LINEAR_MAX
 
 ALL = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
     IBV_ACCESS_REMOTE_ATOMIC
@@ -81,10 +88,12 @@ class _Sender:
         self.s.close()
 
 
-def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None) -> dict:
+def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None,
+              mtu: int | None = None) -> dict:
     name = lab or f"fzw{os.getpid() % 10000}"
     t0 = time.monotonic()
-    core.up(name, "pair")
+    pmtu = 1024 if mtu is None else largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000
+    core.up(name, "pair", mtu=mtu or 1500)
     view = core.LabView(name)
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
     dev1, dev2 = d.DeviceId("eth0", h1.netns), d.DeviceId("eth0", h2.netns)
@@ -114,21 +123,25 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
         for i, metaroce in enumerate((False, False, False, True)):
             qpn = 0x100000 + (os.getpid() & 0xFFF) * 16 + i
             epsn = (0xFFFFFF - 40 * i) if i < 2 else 1000 * i     # two wrap soon
-            ctx.request("set_qp", qpn=qpn, epsn=epsn, pd=pd.handle, dqpn=0x200 + i, pmtu=1024,
+            ctx.request("set_qp", qpn=qpn, epsn=epsn, pd=pd.handle, dqpn=0x200 + i, pmtu=pmtu,
                         metaroce=metaroce)
             qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn))
-        target = Target(regions, qps, dead_rkeys=[guard.rkey ^ 0x5A5A5A5A, 0, 0xFFFFFFFF])
+        target = Target(regions, qps, dead_rkeys=[guard.rkey ^ 0x5A5A5A5A, 0, 0xFFFFFFFF],
+                        pmtu=pmtu, max_frame=None if mtu is None else mtu + F.ETH_LEN)
         gen = Generator(target, seed)
         rx0, before = _snapshot(d, dev2, h2.netns)
         sender = _Sender(h1.netns)
         sent = refused = rearmed = 0
+        big = 0                                    # frames sent longer than one page holds
         it = iter(gen)
         batches = 0
         try:
             while sent + refused < packets:
                 for _ in range(min(BATCH, packets - sent - refused)):
-                    if sender.send(next(it)):
+                    frame = next(it)
+                    if sender.send(frame):
                         sent += 1
+                        big += len(frame) > LINEAR_MAX
                     else:
                         refused += 1
                 batches += 1
@@ -140,7 +153,7 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                         if st["state"] == QP_RX_ERROR:     # a fatal NAK: re-arm (as the
                             rearmed += 1                   # BPF_PROG_TEST_RUN harness does)
                             ctx.request("set_qp", qpn=q.qpn, epsn=q.epsn, pd=pd.handle,
-                                        dqpn=q.dqpn, pmtu=1024, metaroce=i == 3)
+                                        dqpn=q.dqpn, pmtu=pmtu, metaroce=i == 3)
                     if progress and batches % 200 == 0:
                         progress(sent + refused, time.monotonic() - t0)
         finally:
@@ -164,8 +177,11 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
             tail = bytes(mr._mm[length:])
             out_of_region += sum(a != b for a, b in zip(tail, _pattern(len(mr._mm), i)[length:]))
         out_of_region += sum(a != b for a, b in zip(bytes(guard._mm), _pattern(len(guard._mm), 99)))
+        port = {k: after.get("port", {}).get(k, 0) - before.get("port", {}).get(k, 0)
+                for k in ("rcv_packets", "rcv_bytes", "rcv_multi_buf")}
+        multi = port["rcv_multi_buf"]
         alive = pid is not None and _alive(pid)
-        serves = alive and _serves(view, ctx, h1)
+        serves = alive and _serves(view, ctx, h1, pmtu)
         deep = {k: rx.get(k, 0) for k in DEEP_REASONS}
         return {"mode": "wire", "packets": packets, "sent": sent,
                 "not_delivered": not_delivered, "refused_by_socket": refused,
@@ -177,8 +193,14 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                 "deep_reasons_hit": deep,
                 "out_of_region_writes": out_of_region, "crashes": 0 if alive else 1,
                 "daemon_serves_after": serves, "seed": seed,
+                "mtu": mtu or 1500, "pmtu": pmtu, "max_frame": target.max_frame,
+                "sent_longer_than_a_page": big,
+                # RoCE frames the NIC's program got as multi-buffer xdp_buffs (its own count)
+                "multi_buffer_frames": multi, "rcv_bytes": port["rcv_bytes"],
                 "seconds": round(time.monotonic() - t0, 1),
-                "ok": unaccounted == 0 and out_of_region == 0 and alive and serves}
+                "packets_per_s": round(packets / max(time.monotonic() - t0, 1e-9)),
+                "ok": unaccounted == 0 and out_of_region == 0 and alive and serves and
+                (mtu is None or mtu <= LINEAR_MAX or multi > 0)}
     finally:
         F.ETH_SRC, F.ETH_DST, F.V4_SRC, F.V4_DST, F.V6_SRC, F.V6_DST = saved
         for c in ctxs:
@@ -225,8 +247,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _serves(view, ctx2: Context, h1) -> bool:
-    """A fresh QP pair (h1 -> h2) still WRITEs and READs back a verified MiB."""
+def _serves(view, ctx2: Context, h1, pmtu: int = 1024) -> bool:
+    """A fresh QP pair (h1 -> h2) still WRITEs and READs back a verified MiB (at pmtu)."""
     c1 = Context("eth0", h1.netns)
     try:
         ends = []
@@ -238,8 +260,8 @@ def _serves(view, ctx2: Context, h1) -> bool:
         (ma, ca, qa), (mb, _, qb) = ends
         ip1 = view.plan.node("h1").iface("eth0").ipv4.split("/")[0]
         ip2 = view.plan.node("h2").iface("eth0").ipv4.split("/")[0]
-        qa.connect({"qpn": qb.qp_num, "psn": qb.psn, "ip": ip2, "mode": "metaroce"})
-        qb.connect({"qpn": qa.qp_num, "psn": qa.psn, "ip": ip1, "mode": "metaroce"})
+        qa.connect({"qpn": qb.qp_num, "psn": qb.psn, "ip": ip2, "mode": "metaroce", "mtu": pmtu})
+        qb.connect({"qpn": qa.qp_num, "psn": qa.psn, "ip": ip1, "mode": "metaroce", "mtu": pmtu})
         data = os.urandom(1 << 19)
         ma.write(data)
         qa.post_send([SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[ma.sge(0, 1 << 19)],

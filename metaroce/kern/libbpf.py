@@ -131,14 +131,27 @@ class _TestRunOpts(ctypes.Structure):
                 ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32)]
 
 
-def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
+class XdpMd(ctypes.Structure):
+    """struct xdp_md, a test run's context in: data_end < the packet's length sets its linear
+    part (the rest goes into page fragments; kernels from 6.18)."""
+    _fields_ = [(n, ctypes.c_uint32) for n in ("data", "data_end", "data_meta", "ingress_ifindex",
+                                               "rx_queue_index", "egress_ifindex")]
+
+
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int = 1,
+                  linear: int | None = None) -> tuple[int, bytes, int]:
     """Run a loaded program on one packet (BPF_PROG_TEST_RUN): (return value, output packet,
-    mean duration in ns)."""
+    mean duration in ns). Without `linear` the kernel puts what does not fit its linear part
+    (PAGE_SIZE - 256 - 320 bytes) into fragments, for a frags-aware XDP program; with it, the
+    linear part is `linear` bytes."""
     inp = ctypes.create_string_buffer(packet, len(packet))
     out = ctypes.create_string_buffer(len(packet) + 512)
     o = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts), data_in=ctypes.addressof(inp),
                      data_out=ctypes.addressof(out), data_size_in=len(packet),
                      data_size_out=len(out), repeat=repeat)
+    if linear is not None:
+        ctx = XdpMd(data_end=linear)
+        o.ctx_in, o.ctx_size_in = ctypes.addressof(ctx), ctypes.sizeof(ctx)
     _check(lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(o)), "bpf_prog_test_run_opts")
     return o.retval, out.raw[:o.data_size_out], o.duration
 

@@ -24,7 +24,7 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
 PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes",   # port_counters map
-                 "rcv_icrc_checked", "rcv_csum_checked")
+                 "rcv_icrc_checked", "rcv_csum_checked", "rcv_multi_buf")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
 CREDIT_VALID = 0x80000000        # an event's len carries a Credit Limit PSN (nic_consts.h)
@@ -348,5 +348,6 @@ class RxPath:
         ev = self.bpf[b"ev_counters"]
         return {"events": sum(ev[ev.Key(0)]), "events_lost": sum(ev[ev.Key(1)])}
 
-    def run(self, packet: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
-        return libbpf.prog_test_run(self.prog_fd, packet, repeat)
+    def run(self, packet: bytes, repeat: int = 1,
+            linear: int | None = None) -> tuple[int, bytes, int]:
+        return libbpf.prog_test_run(self.prog_fd, packet, repeat, linear)

@@ -303,3 +303,32 @@ def test_an_ack_beyond_what_each_qp_sent_completes_nothing(rx):
         assert delta(rx, before) == {"ack": 1} and rx.qp_state(qpn)["una"] == psn + 4
     for qpn, _ in qps:
         rx.del_qp(qpn)
+
+
+@pytest.mark.parametrize("v6", [False, True])
+@pytest.mark.parametrize("linear", [None, 3000, 200, 114, 113, 80, 66])
+def test_multi_buffer_write_is_placed_whole_or_refused_before_it_changes_anything(rx, v6, linear):
+    """A 4 KiB WRITE in a multi-buffer frame (the payload, and with a short linear part the
+    RETH, in page fragments) is placed whole and ACKed from its linear part. A frame whose
+    linear part cannot hold the longest reply (114 bytes) is refused as malformed before it is
+    executed: found by `metaroce fuzz --mtu 9000`, such a WRITE was placed and took its PSN,
+    then was counted malformed (no ACK) when the reply did not fit."""
+    mr = rx.reg_mr(3 * 65536, PD, ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=500, pd=PD, pmtu=4096)
+    data = bytes((i * 11 + 3) & 0xFF for i in range(4096))
+    frame = pkt(WRITE_ONLY, 500, reth(mr.addr + 65536 - 100, mr.rkey, 4096) + data, v6=v6,
+                ackreq=1)
+    assert len(frame) > 4096 and (linear is None or linear < len(frame))
+    before, pb = rx.counters(), rx.port_counters()
+    rc, out, _ = rx.run(frame, linear=linear)
+    d = delta(rx, before)
+    assert rx.port_counters()["rcv_multi_buf"] - pb["rcv_multi_buf"] == 1
+    assert rx.port_counters()["rcv_bytes"] - pb["rcv_bytes"] == len(frame)
+    if linear is None or linear >= 114:
+        assert rc == XDP_TX and d == {"placed": 1, "tx_ack": 1}, d
+        assert bytes(mr.buf[65536 - 100:65536 - 100 + 4096]) == data   # across a chunk edge
+        assert rx.qp_epsn(QPN) == 501
+    else:
+        assert rc == XDP_DROP and d == {"malformed": 1}, d
+        assert bytes(mr.buf) == bytes(len(mr.buf)) and rx.qp_epsn(QPN) == 500
+    rx.dereg_mr(mr)

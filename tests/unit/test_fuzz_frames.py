@@ -56,3 +56,22 @@ def test_the_generator_is_deterministic_and_varied():
     assert 0.3 * len(fa) < valid < 0.95 * len(fa)       # mostly valid ICRCs, not all
     assert any(len(f) < F.BTH_OFF4 for f in fa)         # truncations
     assert any(f[12:14] not in (b"\x08\x00", b"\x86\xdd") for f in fa)   # not IP at all
+
+
+def test_the_jumbo_generator_reaches_the_frame_limit_and_a_little_past_it():
+    t = _target()
+    t.pmtu, t.max_frame = 4096, 9014
+    frames = [f for f, _ in zip(iter(Generator(t, 3)), range(6000))]
+    assert max(map(len, frames)) <= 9014                 # oversize only when asked
+    big = [f for f in frames if len(f) > 3520]           # past a test run's linear part
+    assert len(big) > 0.2 * len(frames)
+    full = [f for f in frames if F.icrc_valid(f) and F.l4_bounds(f)[2] - F.l4_bounds(f)[1]
+            >= F.BTH_LEN + 4096 + F.ICRC_LEN]            # 4 KiB payloads with a valid ICRC
+    assert len(full) > 0.05 * len(frames)
+    assert any(len(f) > 8000 for f in frames)
+    # UDP and IP lengths that disagree with each other (IPv4)
+    v4 = [f for f in big if f[12:14] == b"\x08\x00"]
+    assert any(int.from_bytes(f[16:18], "big") != 20 + int.from_bytes(f[38:40], "big")
+               for f in v4)
+    t.oversize = True
+    assert any(len(f) > 9014 for f, _ in zip(iter(Generator(t, 3)), range(6000)))
