@@ -67,6 +67,7 @@ def rdma_run(c1, c2, ip1, ip2, mode, size, depth, seconds):
     return {"goodput_bps": done_bytes * 8 / elapsed, "fct_p50_s": fct[len(fct) // 2] if fct else None,
             "fct_p99_s": p99, "messages": len(fct), "retransmitted_packets": retx,
             "rto_expired": q.get("rto_expired", 0), "srtt_us": q.get("srtt_us"),
+            "min_rtt_us": q.get("min_rtt_us"), "rttvar_us": q.get("rttvar_us"),
             "cwnd_pkts": q.get("cwnd_pkts"), "cwnd_loss_cuts": q.get("cwnd_loss_cuts", 0),
             "cwnd_ecn_cuts": q.get("cwnd_ecn_cuts", 0), "app_errors": errors}
 
