@@ -122,3 +122,42 @@ def test_credits_bound_an_incast(star):
     assert with_credits["drops"] <= without["drops"], (with_credits["drops"], without["drops"])
     assert with_credits["goodput_bps"] >= 0.8 * without["goodput_bps"]
     assert jain(sent) >= 0.9, sent
+
+
+def test_dcqcn_on_the_wire_cuts_a_compat_senders_rate_on_cnps(star):
+    """COMPAT-4 on the wire (metaroce up --cc, the default): RoCEv2-mode senders into the
+    shaped port are CE-marked, the receiver's XDP answers with CNPs (COMPAT-7), and each
+    sender's DCQCN reaction point cuts its rate below the line rate; every byte arrives."""
+    hosts = [f"h{i + 1}" for i in range(SENDERS + 1)]
+    rx_host, size = hosts[-1], 256 << 10               # 256 packets each: fits the queue
+    rdev = d.DeviceId("eth0", star.plan.node(rx_host).netns)
+    d.start_background(rdev, "metaroce")
+    ctxs = []
+    try:
+        rctx = Context("eth0", star.plan.node(rx_host).netns)
+        ctxs.append(rctx)
+        pairs = []
+        for h in hosts[:-1]:
+            c = Context("eth0", star.plan.node(h).netns)
+            ctxs.append(c)
+            a, b = End(c, size), End(rctx, size)
+            connect(a, b, ip_of(star, h), ip_of(star, rx_host), "roce", timeout=16, retry_cnt=7)
+            a.mr.write(os.urandom(size))
+            pairs.append((a, b))
+        for a, b in pairs:
+            a.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, size)],
+                                  remote_addr=b.mr.addr, rkey=b.mr.rkey))
+        for a, b in pairs:
+            assert [w.status for w in a.cq.wait(1, timeout_s=60)] == [IBV_WC_SUCCESS]
+            assert a.mr.read(size) == b.mr.read(size)
+        senders = [a.qp.query() for a, _ in pairs]
+    finally:
+        for c in ctxs:
+            c.close()
+        d.stop(rdev)
+    cnps = [s["cnp_received"] for s in senders]
+    rates = [s["dcqcn_rate_bps"] for s in senders]
+    assert all(r is not None for r in rates), rates            # the reaction point is on
+    assert sum(cnps) > 0, cnps
+    print(f"CNPs {cnps}, DCQCN rates {[round(r / 1e6, 1) for r in rates]} Mbit/s")
+    assert any(r < 10e9 for r, n in zip(rates, cnps) if n), (rates, cnps)
