@@ -124,6 +124,13 @@ def status(dev, netns, as_json):
     click.echo(f"{st['dev']}: mode {st['mode']}, integrity {st.get('integrity', 'icrc')}, "
                f"XDP {st['xdp_mode']} ({st['xdp_mode_reason']}), "
                f"pid {st['pid']}, up {st['uptime_s']:.0f} s, {st['mrs']} MRs")
+    cc = st.get("cc", {})
+    if cc.get("enabled"):
+        click.echo(f"  congestion control: MetaRoCE {cc['metaroce']}, RoCEv2 {cc['roce']}; link "
+                   f"{cc['link_rate_bps'] / 1e9:g} Gbit/s, base RTT {cc['base_rtt_us']:g} us, "
+                   f"delay target +{cc['target_qdelay_us']:g} us")
+    elif cc:
+        click.echo("  congestion control: off (fixed windows)")
     for k, v in st["counters"].items():
         click.echo(f"  {k:<20} {v}")
 
