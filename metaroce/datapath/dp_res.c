@@ -399,9 +399,11 @@ static uint64_t seed64(void)
 /* The engine's congestion control on the wire (docs/engine.md rule 8): the parameters of
  * engine/cc.py's CCConfig, with the link's rate and the configured base round trip. The
  * window's cap is bdp_factor x BDP, but never more than the PSN window lets out (window x
- * PMTU): a larger cap could not be used, and on a path whose cap exceeds it additive growth
+ * (PMTU + CC-1's 64 bytes)): a larger cap could not be used, and on a path whose cap exceeds it additive growth
  * (one MTU per window acknowledged) would fall behind the loss cuts (CC-4) and let the
  * window sink to where it binds, a random walk of seconds. */
+#define CC_PKT_OVERHEAD 64    /* CC-1: a packet counts its payload plus 64 bytes in flight */
+
 static int wire_cc_valid(const struct mr_dp_conn *c)
 {
     return c->cc_line_rate_bps >= 1e3 && c->cc_line_rate_bps <= 1e13 &&
@@ -412,7 +414,7 @@ static int wire_cc_valid(const struct mr_dp_conn *c)
 static void wire_cc(struct mre_qp_cfg *qc, const struct mr_dp_conn *c)
 {
     double bdp = c->cc_line_rate_bps * (double)c->cc_base_rtt_ns / 8e9;
-    double cap = (double)c->attr.window * (double)c->attr.path_mtu;
+    double cap = (double)c->attr.window * (double)(c->attr.path_mtu + CC_PKT_OVERHEAD);
     qc->cc = 1;
     qc->cc_enabled = 1;
     qc->cc_line_rate_bps = c->cc_line_rate_bps;
