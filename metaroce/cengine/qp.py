@@ -106,6 +106,20 @@ class Engine:
                 qps[cq[i].qp]._completed(cq[i])
 
 
+def set_cc(cfg, cc: CCConfig) -> None:
+    """Turn congestion control on in a `struct mre_qp_cfg` with cc's parameters (the
+    simulator's QPs here, the wire's through metaroce/nic/ccconfig.py)."""
+    cfg.cc = 1
+    for f in ("line_rate_bps", "base_rtt_ns", "target_qdelay_ns", "bdp_factor", "alpha", "beta",
+              "max_mdf"):
+        setattr(cfg, "cc_" + f, getattr(cc, f))
+    cfg.cc_enabled, cfg.dcqcn = int(cc.enabled), int(cc.dcqcn)
+    for f in ("g", "alpha_timer_ns", "rate_timer_ns", "byte_counter", "fast_steps", "ai_bps",
+              "hai_bps", "min_bps"):
+        setattr(cfg, "dcqcn_" + f, getattr(cc, "dcqcn_" + f))
+    cfg.cnp_interval_ns = cc.cnp_interval_ns
+
+
 _SHARED: "weakref.WeakKeyDictionary[CreditManager, Engine]" = weakref.WeakKeyDictionary()
 
 
@@ -142,15 +156,7 @@ class QueuePair:
         cfg.breaks = sum(BREAKS[b] for b in breaks)
         cfg.sq_cap, cfg.rq_cap, cfg.min_rto_ns, cfg.seed = sq_cap, rq_cap, min_rto_ns, seed
         if cc is not None:
-            cfg.cc = 1
-            for f in ("line_rate_bps", "base_rtt_ns", "target_qdelay_ns", "bdp_factor", "alpha",
-                      "beta", "max_mdf"):
-                setattr(cfg, "cc_" + f, getattr(cc, f))
-            cfg.cc_enabled, cfg.dcqcn = int(cc.enabled), int(cc.dcqcn)
-            for f in ("g", "alpha_timer_ns", "rate_timer_ns", "byte_counter", "fast_steps",
-                      "ai_bps", "hai_bps", "min_bps"):
-                setattr(cfg, "dcqcn_" + f, getattr(cc, "dcqcn_" + f))
-            cfg.cnp_interval_ns = cc.cnp_interval_ns
+            set_cc(cfg, cc)
         h = self.lib.mre_qp_new(engine.e, cfg)
         if h < 0:
             raise ValueError("paths must be in 1..64 (MP-1)" if not 1 <= paths <= 64 else

@@ -71,18 +71,15 @@ struct mr_dp_conn {
     uint8_t mode;              /* MRE_COMPAT / MRE_METAROCE */
     uint8_t paths;             /* MetaRoCE entropy values (MP-1), 1 .. 8 */
     uint8_t credit;            /* the peer has CREDIT: start in credit mode (CC-8) */
-    uint8_t cc;                /* congestion control on: MetaRoCE the window (ECN + delay,
-                                * CC-1..CC-7), compat DCQCN's reaction to CNPs (COMPAT-4) */
+    uint8_t rsvd0;
     uint32_t sq_slot;          /* its entry in sq_psns */
     uint32_t remote_qpn;
     uint32_t rsvd;
     struct mr_roce_flow flow;  /* its packets' headers (addresses, TOS, TTL, P_Key) */
-    /* with cc: the link's rate (BDP and DCQCN's line rate), the configured base round trip
-     * (a smaller measured one replaces it) and the queueing delay above it that counts as
-     * congestion (CC-3) */
-    double cc_line_rate_bps;
-    int64_t cc_base_rtt_ns;
-    int64_t cc_target_qdelay_ns;
+    /* the engine's settings the control plane chooses: its congestion control (cc, cc_*,
+     * dcqcn*, cnp_interval_ns: metaroce/nic/ccconfig.py); the data path sets every other field
+     * of the QP's configuration itself */
+    struct mre_qp_cfg engine;
 };
 
 struct mr_dp_async {

@@ -396,46 +396,6 @@ static uint64_t seed64(void)
     return s;
 }
 
-/* The engine's congestion control on the wire (docs/engine.md rule 8): the parameters of
- * engine/cc.py's CCConfig, with the link's rate and the configured base round trip. The
- * window's cap is bdp_factor x BDP, but never more than the PSN window lets out (window x
- * (PMTU + CC-1's 64 bytes)): a larger cap could not be used, and on a path whose cap exceeds it additive growth
- * (one MTU per window acknowledged) would fall behind the loss cuts (CC-4) and let the
- * window sink to where it binds, a random walk of seconds. */
-#define CC_PKT_OVERHEAD 64    /* CC-1: a packet counts its payload plus 64 bytes in flight */
-
-static int wire_cc_valid(const struct mr_dp_conn *c)
-{
-    return c->cc_line_rate_bps >= 1e3 && c->cc_line_rate_bps <= 1e13 &&
-           c->cc_base_rtt_ns >= 1000 && c->cc_base_rtt_ns <= 1000000000 &&
-           c->cc_target_qdelay_ns >= 0 && c->cc_target_qdelay_ns <= 1000000000;
-}
-
-static void wire_cc(struct mre_qp_cfg *qc, const struct mr_dp_conn *c)
-{
-    double bdp = c->cc_line_rate_bps * (double)c->cc_base_rtt_ns / 8e9;
-    double cap = (double)c->attr.window * (double)(c->attr.path_mtu + CC_PKT_OVERHEAD);
-    qc->cc = 1;
-    qc->cc_enabled = 1;
-    qc->cc_line_rate_bps = c->cc_line_rate_bps;
-    qc->cc_base_rtt_ns = c->cc_base_rtt_ns;
-    qc->cc_target_qdelay_ns = c->cc_target_qdelay_ns;
-    qc->cc_bdp_factor = 1.25 * bdp <= cap ? 1.25 : cap / bdp;
-    qc->cc_alpha = 1.0;
-    qc->cc_beta = 0.8;
-    qc->cc_max_mdf = 0.5;
-    qc->dcqcn = 1;                      /* compat: the reaction point (COMPAT-4) */
-    qc->dcqcn_g = 1.0 / 256;
-    qc->dcqcn_alpha_timer_ns = 55000;
-    qc->dcqcn_rate_timer_ns = 55000;
-    qc->dcqcn_byte_counter = 10 << 20;
-    qc->dcqcn_fast_steps = 5;
-    qc->dcqcn_ai_bps = 5e6;             /* steps and floor of common RoCE NICs' defaults */
-    qc->dcqcn_hai_bps = 50e6;           /* (the simulator's are sized for 100 Gbit/s) */
-    qc->dcqcn_min_bps = 1e6;
-    qc->cnp_interval_ns = 50000;
-}
-
 int mr_dp_qp_connect(struct mr_dp *d, uint32_t qpn, const struct mr_dp_conn *c)
 {
     dp_lock(d);
@@ -449,21 +409,18 @@ int mr_dp_qp_connect(struct mr_dp *d, uint32_t qpn, const struct mr_dp_conn *c)
         rc = MR_DP_E_EXIST;
         goto out;
     }
-    if (c->sq_slot >= d->cfg.sq_psns_entries || c->paths < 1 || c->paths > 8 ||
-        (c->cc && !wire_cc_valid(c))) {
+    if (c->sq_slot >= d->cfg.sq_psns_entries || c->paths < 1 || c->paths > 8) {
         rc = MR_DP_E_INVAL;
         goto out;
     }
-    struct mre_qp_cfg qc;
-    memset(&qc, 0, sizeof(qc));
+    struct mre_qp_cfg qc = c->engine;    /* its congestion control, as the daemon chose it */
     qc.qpn = qpn;
     qc.mode = c->mode;
     qc.paths = c->mode == MRE_METAROCE ? c->paths : 1;
     qc.credits = c->mode == MRE_METAROCE && c->credit;
     qc.credit_sack = 1;                 /* the XDP data path signals credit by SACK flag C */
     qc.hold_overlap = 1;                /* its responder places WRITEs before READs read */
-    if (c->cc)
-        wire_cc(&qc, c);
+    qc.breaks = 0;
     qc.sq_cap = q->max_send_wr;
     qc.rq_cap = q->rq_entries ? q->rq_entries : 256;
     qc.min_rto_ns = d->cfg.min_rto_ns;

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine import cc as engine_cc
+from ..engine.requester import HDR_BYTES
 from ..errors import UsageError
 
 # The wire's round trip jitters by hundreds of microseconds here (a software NIC on a shared
-# 2-vCPU VM: docs/engine.md rule 8; measured on the lab pair under 1 % loss: smallest RTT
-# 15-25 us, sRTT 200-450 us, RTTVAR 30-270 us); a delay target below that reads most samples as
+# 2-vCPU VM: sRTT ~300 us under 1 % loss in tools/bench/loss_sweep.py, RTTVAR up to ~270 us
+# read by hand, docs/engine.md rule 8); a delay target below that reads most samples as
 # queueing, so the window grows only additively and CC-4's loss cuts wear it down.
 DEFAULT_TARGET_QDELAY_S = 1e-3
 DEFAULT_BASE_RTT_S = 500e-6
@@ -45,12 +47,23 @@ class CCConfig:
                 raise UsageError(f"cc {name} must be from {lo:g} to {hi:g}{unit}, not {v!r}")
         return self
 
-    def conn(self) -> dict:
-        """The data path's per-connection fields (struct mr_dp_conn)."""
-        return {"cc": int(self.enabled),
-                "cc_line_rate_bps": float(self.link_rate_bps or 10e9),
-                "cc_base_rtt_ns": int(self.base_rtt_s * 1e9),
-                "cc_target_qdelay_ns": int(self.target_qdelay_s * 1e9)}
+    def engine(self, window: int, pmtu: int) -> engine_cc.CCConfig | None:
+        """The engine's parameters for a QP with this PSN window and path MTU (None: off).
+        Beside the link's rate, base RTT and target, the wire differs from the simulator's
+        defaults in two places: the window's cap is 1.25 x BDP but never more than the PSN
+        window lets out as CC-1 counts bytes (window x (PMTU + 64): a larger cap could not be
+        used, and additive growth then fell behind CC-4's loss cuts); DCQCN's steps and floor
+        are common RoCE NICs' (5 / 50 Mbit/s, 1 Mbit/s), not sized for 100 Gbit/s."""
+        if not self.enabled:
+            return None
+        rate = float(self.link_rate_bps or 10e9)
+        base_ns = int(self.base_rtt_s * 1e9)
+        bdp, cap = rate * base_ns / 8e9, window * (pmtu + HDR_BYTES)
+        return engine_cc.CCConfig(
+            line_rate_bps=rate, base_rtt_ns=base_ns,
+            target_qdelay_ns=int(self.target_qdelay_s * 1e9),
+            bdp_factor=min(engine_cc.CCConfig.bdp_factor, cap / bdp),
+            dcqcn_ai_bps=5e6, dcqcn_hai_bps=50e6, dcqcn_min_bps=1e6)
 
     def describe(self) -> dict:
         if not self.enabled:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..cengine.qp import set_cc
 from ..errors import MetaroceError
 from ..fastpath.xsk import XDP_COPY, XDP_USE_SG, _lib
 from .rx import RxPath
@@ -168,14 +169,14 @@ class DataPath:
         self._check(self.c.mr_dp_qp_add(self.d, c, sq, rq), f"QP 0x{qpn:06x}")
 
     def qp_connect(self, qpn: int, *, mode: str, attr: dict, paths: int, credit: bool,
-                   sq_slot: int, remote_qpn: int, flow, cc: dict | None = None) -> None:
+                   sq_slot: int, remote_qpn: int, flow, cc=None) -> None:
         c = self.ffi.new("struct mr_dp_conn *")
         for k, v in attr.items():
             setattr(c.attr, k, v)
         c.mode = self.c.MRE_METAROCE if mode == "metaroce" else self.c.MRE_COMPAT
-        c.paths, c.credit, c.cc = max(1, paths), int(credit), 0
-        for k, v in (cc or {}).items():     # CCConfig.conn(): the engine's CC on the wire
-            setattr(c, k, v)
+        c.paths, c.credit = max(1, paths), int(credit)
+        if cc is not None:                  # engine.cc.CCConfig: the engine's CC on the wire
+            set_cc(c.engine, cc)
         c.sq_slot, c.remote_qpn = sq_slot, remote_qpn
         self.ffi.memmove(self.ffi.addressof(c.flow), flow, self.ffi.sizeof("struct mr_roce_flow"))
         self._check(self.c.mr_dp_qp_connect(self.d, qpn, c), f"connecting QP 0x{qpn:06x}")

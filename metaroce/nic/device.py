@@ -329,7 +329,8 @@ class Device:
                       "min_rnr_timer": min_rnr, "max_rd_atomic": RD_DEPTH,
                       "max_dest_rd_atomic": RD_DEPTH, "window": window},
                 paths=qp.paths, credit=bool(metaroce and attr.get("credit")),
-                sq_slot=self.rx.sq_slot(qp.qpn), remote_qpn=rqpn, flow=flow, cc=self.cc.conn())
+                sq_slot=self.rx.sq_slot(qp.qpn), remote_qpn=rqpn, flow=flow,
+                cc=self.cc.engine(window, pmtu))
         except MetaroceError:
             self.rx.set_qp_error(qp.qpn)     # the kernel's side answers nothing then
             raise
