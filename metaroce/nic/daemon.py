@@ -149,13 +149,11 @@ class Daemon:
         self.took_slot = True
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu, frags=True)
         self.link_fd = libbpf.xdp_link_create(self.rx.prog_fd, self.ifindex, flags)
+        speed = link_speed_bps(dev.dev) or 10e9     # unless --link-rate said otherwise
         if credits is not None:
-            if credits.link_rate_bps is None:
-                credits.link_rate_bps = link_speed_bps(dev.dev) or 10e9
+            credits.link_rate_bps = credits.link_rate_bps or speed
             credits.pmtu = min(4096, 1 << (max(256, mtu - 100).bit_length() - 1))
-        if self.cc.link_rate_bps is None:
-            self.cc.link_rate_bps = (credits.link_rate_bps if credits is not None else
-                                     link_speed_bps(dev.dev) or 10e9)
+        self.cc.link_rate_bps = self.cc.link_rate_bps or speed
         self.device = Device(self.rx, self.ifindex, mode, credits, self.integrity, self.cc)
         os.makedirs(RUN_DIR, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

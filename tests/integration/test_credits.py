@@ -7,6 +7,7 @@ verified, fairly and at the same goodput as the same incast without credits."""
 import hashlib
 import os
 import time
+from contextlib import contextmanager
 
 import pytest
 from verbs_util import End, connect, ip_of
@@ -37,7 +38,11 @@ def star(module_lab_name):
         core.down(module_lab_name)
 
 
-def incast(view, credits: CreditConfig | None) -> dict:
+@contextmanager
+def senders_into_receiver(view, credits: CreditConfig | None, mode: str, size: int, **attr):
+    """A receiver daemon on the last host (credits as given) and one QP pair per sender host
+    into it, each sender's buffer of `size` random bytes: yields (receiver device, pairs);
+    closed and stopped afterwards."""
     hosts = [f"h{i + 1}" for i in range(SENDERS + 1)]
     rx_host = hosts[-1]
     rdev = d.DeviceId("eth0", view.plan.node(rx_host).netns)
@@ -50,11 +55,21 @@ def incast(view, credits: CreditConfig | None) -> dict:
         for h in hosts[:-1]:
             c = Context("eth0", view.plan.node(h).netns)
             ctxs.append(c)
-            a, b = End(c, MSGS * MSG), End(rctx, MSGS * MSG)
-            connect(a, b, ip_of(view, h), ip_of(view, rx_host), "metaroce", timeout=16, retry_cnt=7,
-                    credit=True)            # both ends speak CREDIT: start in credit mode
-            a.mr.write(os.urandom(MSGS * MSG))
+            a, b = End(c, size), End(rctx, size)
+            connect(a, b, ip_of(view, h), ip_of(view, rx_host), mode, timeout=16, retry_cnt=7,
+                    **attr)
+            a.mr.write(os.urandom(size))
             pairs.append((a, b))
+        yield rdev, pairs
+    finally:
+        for c in ctxs:
+            c.close()
+        d.stop(rdev)
+
+
+def incast(view, credits: CreditConfig | None) -> dict:
+    # both ends speak CREDIT: start in credit mode
+    with senders_into_receiver(view, credits, "metaroce", MSGS * MSG, credit=True) as (rdev, pairs):
         before = _bottleneck(view)
         t0 = time.monotonic()
         for a, b in pairs:
@@ -75,10 +90,6 @@ def incast(view, credits: CreditConfig | None) -> dict:
                 "ce": after["ecn_marked"] - before["ecn_marked"],
                 "goodput_bps": SENDERS * MSGS * MSG * 8 / seconds,
                 "senders": senders, "receiver": receiver}
-    finally:
-        for c in ctxs:
-            c.close()
-        d.stop(rdev)
 
 
 def _bottleneck(view) -> dict:
@@ -128,22 +139,8 @@ def test_dcqcn_on_the_wire_cuts_a_compat_senders_rate_on_cnps(star):
     """COMPAT-4 on the wire (metaroce up --cc, the default): RoCEv2-mode senders into the
     shaped port are CE-marked, the receiver's XDP answers with CNPs (COMPAT-7), and each
     sender's DCQCN reaction point cuts its rate below the line rate; every byte arrives."""
-    hosts = [f"h{i + 1}" for i in range(SENDERS + 1)]
-    rx_host, size = hosts[-1], 256 << 10               # 256 packets each: fits the queue
-    rdev = d.DeviceId("eth0", star.plan.node(rx_host).netns)
-    d.start_background(rdev, "metaroce")
-    ctxs = []
-    try:
-        rctx = Context("eth0", star.plan.node(rx_host).netns)
-        ctxs.append(rctx)
-        pairs = []
-        for h in hosts[:-1]:
-            c = Context("eth0", star.plan.node(h).netns)
-            ctxs.append(c)
-            a, b = End(c, size), End(rctx, size)
-            connect(a, b, ip_of(star, h), ip_of(star, rx_host), "roce", timeout=16, retry_cnt=7)
-            a.mr.write(os.urandom(size))
-            pairs.append((a, b))
+    size = 256 << 10                                   # 256 packets each: fits the queue
+    with senders_into_receiver(star, None, "roce", size) as (_, pairs):
         for a, b in pairs:
             a.qp.post_send(SendWR(IBV_WR_RDMA_WRITE, wr_id=1, sg_list=[a.mr.sge(0, size)],
                                   remote_addr=b.mr.addr, rkey=b.mr.rkey))
@@ -151,10 +148,6 @@ def test_dcqcn_on_the_wire_cuts_a_compat_senders_rate_on_cnps(star):
             assert [w.status for w in a.cq.wait(1, timeout_s=60)] == [IBV_WC_SUCCESS]
             assert a.mr.read(size) == b.mr.read(size)
         senders = [a.qp.query() for a, _ in pairs]
-    finally:
-        for c in ctxs:
-            c.close()
-        d.stop(rdev)
     cnps = [s["cnp_received"] for s in senders]
     rates = [s["dcqcn_rate_bps"] for s in senders]
     assert all(r is not None for r in rates), rates            # the reaction point is on
