@@ -26,7 +26,8 @@ a region can only come back round the ring after the right neighbour received al
 write from that region (its reduction needed every byte); a retransmission of that write read
 later carries PSNs the neighbour already took, so nothing is placed from it. (Until
 2026-12-07 every step was a round of its own, waiting for the completions of its writes:
-3-rank allreduce at 256 KiB ran at 0.61 of Gloo's bus bandwidth, 1.0 since.)
+3-rank allreduce at 256 KiB ran at 0.43 of Gloo's bus bandwidth, 0.83 since, in
+tools/bench/allreduce.py --hosts 3 --quick.)
 
 Allreduce has two algorithms (`algorithm=` or METAROCE_ALGORITHM: auto, ring, tree): the ring
 moves 2 (N-1)/N of the buffer per rank in 2 (N-1) steps; the tree (arity METAROCE_TREE_ARITY,

@@ -151,7 +151,8 @@ def main() -> int:
             for k, rs in raw.items():
                 pt[k] = {m: summary([r.get(m) for r in rs]) for m in
                          ("goodput_bps", "fct_p50_s", "fct_p99_s", "retransmitted_packets",
-                          "rto_expired", "srtt_us", "cwnd_pkts", "cwnd_loss_cuts")
+                          "rto_expired", "srtt_us", "min_rtt_us", "rttvar_us", "cwnd_pkts",
+                          "cwnd_loss_cuts")
                          if any(m in r for r in rs)}
                 pt[k]["app_errors"] = sum(r.get("app_errors", 0) for r in rs)
             points.append(pt)
