@@ -283,9 +283,11 @@ static __always_inline int csum_ok(struct xdp_md *ctx, const struct roce_pkt *rp
     return s ? csum_check(ctx, rp, l4, s) : 0;
 }
 
-/* Turn the packet into the planned reply and send it back out of its port (XDP_TX). */
+/* Turn the packet into the planned reply and send it back out of its port: XDP_TX, or from a
+ * cpumap entry (which cannot XDP_TX) a redirect to the device through tx_port. */
 static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
-                                 const struct plan *pl, const struct nic_qp *qp, u32 reason)
+                                 const struct plan *pl, const struct nic_qp *qp, u32 reason,
+                                 const int cpumap)
 {
     u32 zero = 0;
     struct crc_tables *T = crc_tab.lookup(&zero);
@@ -343,7 +345,7 @@ static __always_inline int reply(struct xdp_md *ctx, const struct roce_pkt *rp,
     if (c)
         (*c)++;
     port_count(PORT_XMIT_PACKETS, len);
-    return verdict(reason, XDP_TX);
+    return verdict(reason, cpumap ? tx_port.redirect_map(0, XDP_DROP) : XDP_TX);
 }
 
 /* The receive WQE at the head of the QP's receive queue, or NULL when none is posted. */
@@ -1217,7 +1219,9 @@ static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic
     return 1;
 }
 
-int nic_rx(struct xdp_md *ctx)
+/* The NIC's receive path for one frame; cpumap: run by a cpumap entry (nic_rx_cpu), where a
+ * reply leaves by redirect instead of XDP_TX (a constant at each entry point). */
+static __always_inline int nic_rx_body(struct xdp_md *ctx, const int cpumap)
 {
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
     struct roce_pkt rp;
@@ -1320,7 +1324,7 @@ int nic_rx(struct xdp_md *ctx)
             }
         }
         if (pl.kind)
-            return reply(ctx, &rp, &pl, qp, reason);
+            return reply(ctx, &rp, &pl, qp, reason, cpumap);
         return verdict(reason, XDP_DROP);
     }
     if (op == RC_ACKNOWLEDGE)
@@ -1344,7 +1348,7 @@ int nic_rx(struct xdp_md *ctx)
 #endif
         qp->nak_sent = 1;
         set_reply(&pl, REPLY_ACK, qp->epsn, AETH_NAK_PSN_SEQ, qp->msn, TX_NAK_SEQ);
-        return reply(ctx, &rp, &pl, qp, RX_PSN_OUT_OF_ORDER);
+        return reply(ctx, &rp, &pl, qp, RX_PSN_OUT_OF_ORDER, cpumap);
     }
     if (ahead) {                               /* a duplicate (RESP-4) */
         qp->duplicate_request++;
@@ -1388,6 +1392,49 @@ int nic_rx(struct xdp_md *ctx)
         }
     }
     if (pl.kind)
-        return reply(ctx, &rp, &pl, qp, reason);
+        return reply(ctx, &rp, &pl, qp, reason, cpumap);
     return verdict(reason, XDP_DROP);
 }
+
+#ifndef NIC_STEER
+/* The program on the device when receive steering is off: every frame is handled on the CPU
+ * it arrived on. (One build holds either this or the steering pair, never both: each copy of
+ * nic_rx_body doubles the compile.) */
+int nic_rx(struct xdp_md *ctx)
+{
+    return nic_rx_body(ctx, 0);
+}
+#else
+
+/* Run by the rx_cpus entry of the CPU a frame was handed to by nic_steer. */
+int nic_rx_cpu(struct xdp_md *ctx)
+{
+    return nic_rx_body(ctx, 1);
+}
+
+/* The program on the device when receive steering is on: a RoCE frame is handed to the CPU of
+ * its destination QP (rx_qp_cpu, written by the daemon; frames of no known QP go to the
+ * default CPU, whose nic_rx_cpu counts and drops them), so all of a QP's state is touched by
+ * one CPU whatever queue or CPU its frames arrive on. Other frames pass to the stack here. */
+int nic_steer(struct xdp_md *ctx)
+{
+    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+    struct roce_pkt rp = {};
+    int rc = parse_roce(data, data_end, &rp);
+    if (rc == PARSE_NOT_ROCE)
+        return verdict(RX_NOT_ROCE, XDP_PASS);
+    struct bth bth;
+    u32 key = STEER_DEFAULT_KEY;             /* malformed: the default CPU counts it */
+    if (!rc && !bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
+        key = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
+    u32 *cpu = rx_qp_cpu.lookup(&key);
+    if (!cpu) {
+        key = STEER_DEFAULT_KEY;
+        cpu = rx_qp_cpu.lookup(&key);
+        if (!cpu)
+            return verdict(RX_UNKNOWN_QP, XDP_DROP);
+    }
+    port_count_one(PORT_RCV_STEERED);
+    return rx_cpus.redirect_map(*cpu, XDP_DROP);
+}
+#endif

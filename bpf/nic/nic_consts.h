@@ -173,7 +173,15 @@
 #define PORT_RCV_ICRC_CHECKED 4   /* RoCE frames of a known QP checked by the ICRC (ICRC-1) */
 #define PORT_RCV_CSUM_CHECKED 5   /* ... by the negotiated UDP checksum instead (INT-3) */
 #define PORT_RCV_MULTI_BUF 6      /* RoCE frames that came as a multi-buffer xdp_buff (frags) */
-#define PORT_NCOUNTERS 7
+#define PORT_RCV_STEERED 7        /* RoCE frames nic_steer handed to their QP's CPU (cpumap) */
+#define PORT_NCOUNTERS 8
+
+/* Receive steering (nic_steer): the CPUs a QP's frames may be handed to, and the key in
+ * rx_qp_cpu of the CPU that takes frames of no known QP (QPNs are 24 bits, so it names none) */
+#ifndef MAX_CPUS
+#define MAX_CPUS 64
+#endif
+#define STEER_DEFAULT_KEY 0xFFFFFFFFu
 
 /* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.7, INT-1) */
 #define INT_ICRC 0                /* the RoCEv2 ICRC (CRC-32), every compat QP and the default */

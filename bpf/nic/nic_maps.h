@@ -41,5 +41,10 @@ BPF_PERCPU_ARRAY(scratch, struct scratch, 1);
 BPF_ARRAY(crc_tab, struct crc_tables, 1);            /* filled by the loader */
 BPF_PERCPU_ARRAY(icrc_scratch, struct icrc_scratch, 1);
 BPF_PERCPU_ARRAY(csum_scratch, struct csum_scratch, 1);
+/* Receive steering (nic_steer, nic_rx_cpu): every frame of a QP is handed to the one CPU the
+ * daemon chose for the QP, so the QP's state is only ever touched by that CPU */
+BPF_F_TABLE("hash", u32, u32, rx_qp_cpu, MAX_QPS + 1, BPF_F_NO_PREALLOC_);  /* local QPN -> CPU */
+BPF_XDP_REDIRECT_MAP("cpumap", struct bpf_cpumap_val, rx_cpus, MAX_CPUS);  /* CPU -> nic_rx_cpu */
+BPF_DEVMAP(tx_port, 1);              /* the device itself: where nic_rx_cpu's replies leave */
 
 #endif

@@ -23,10 +23,14 @@ SUMMARY = ("packets", "accepted", "passed", "tx", "dropped", "unaccounted", "out
                    "path MTU it allows (4096 at 9000); frames past a page reach the program "
                    "as multi-buffer xdp_buffs (its fragments path). Default: small frames at "
                    "path MTU 256 (--wire: a 1500-byte lab at 1024).")
+@click.option("--queues", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="--wire: receive and transmit queues of the lab's veths; with more than one "
+                   "the daemon steers frames to their QP's CPU (metaroce up --rx-cpus auto), "
+                   "and the run fails unless every RoCE frame went through the steering.")
 @click.option("--time-limit", type=finite(min=0, min_open=True), default=None,
               help="Stop after this many seconds (the report says how many packets ran).")
 @json_option
-def fuzz(packets, seed, wire, mtu, time_limit, as_json):
+def fuzz(packets, seed, wire, mtu, queues, time_limit, as_json):
     """Fuzz the XDP fast path with BPF_PROG_TEST_RUN: valid packets of every opcode against
     live QPs and regions, mutated headers, lengths and keys, truncations, random frames.
     Exits non-zero if any packet is unaccounted for, any byte changes outside what an
@@ -34,6 +38,8 @@ def fuzz(packets, seed, wire, mtu, time_limit, as_json):
     from ..system import import_bcc, require_root  # noqa: PLC0415
     require_root("metaroce fuzz")
     import_bcc()
+    if queues != 1 and not wire:
+        raise UsageError("--queues applies to --wire (the lab's veths)")
     if wire:
         if time_limit is not None:
             raise UsageError("--time-limit applies to the BPF_PROG_TEST_RUN fuzzer, not --wire")
@@ -42,12 +48,12 @@ def fuzz(packets, seed, wire, mtu, time_limit, as_json):
             log(f"fuzzing a running daemon over the wire: {packets} frames, seed {seed}" +
                 (f", MTU {mtu}" if mtu else ""))
         rep = fuzz_wire(packets, seed, progress=lambda done, t: log(f"  {done} frames, {t:.0f} s"),
-                        mtu=mtu)
+                        mtu=mtu, queues=queues)
         if as_json:
             emit_json(rep)
         else:
             for k in SUMMARY + ("not_delivered", "delivered", "qps_rearmed",
-                                "multi_buffer_frames"):
+                                "multi_buffer_frames", "steered_frames"):
                 click.echo(f"{k:<22} {rep[k]:>12,}")
             click.echo("drops by reason:")
             for k, v in rep["drops_by_reason"].items():

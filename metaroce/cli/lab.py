@@ -33,10 +33,15 @@ def lab():
                    "queue that drops what a faster sender overruns); without it all of a "
                    "frame's path runs on the sending CPU (veth runs XDP where it transmits), "
                    "which also holds a sender back instead of dropping.")
+@click.option("--queues", type=int, default=1, show_default=True,
+              help="Receive and transmit queues of every veth end. With more than one, a frame "
+                   "forwarded in XDP reaches the queue of the CPU that forwarded it, so one "
+                   "flow's frames can be received on two CPUs at once (as RSS spreads them on "
+                   "a multi-queue NIC); metaroce up steers such devices by QP (--rx-cpus).")
 @json_option
-def up(name, topology, hosts, mtu, rate, ecn_threshold, steer, as_json):
+def up(name, topology, hosts, mtu, rate, ecn_threshold, steer, queues, as_json):
     """Bring a lab up."""
-    rec = core.up(name, topology, hosts, mtu, rate, ecn_threshold, steer=steer)
+    rec = core.up(name, topology, hosts, mtu, rate, ecn_threshold, steer=steer, queues=queues)
     view = core.LabView(name)
     doc = view.status(counters=False)
     if as_json:

@@ -50,11 +50,18 @@ def _dev(dev, netns):
                    "checksums in its place (about a fifth of the ICRC's cost per KiB), used when "
                    "the peer's device accepts them too. Compat connections always check the "
                    "ICRC.")
+@click.option("--rx-cpus", default="auto", show_default=True,
+              help="Receive steering: each QP's frames are handled by the XDP program on one "
+                   "of these CPUs (handed over through a cpumap by destination QP), so a QP's "
+                   "state has one CPU whatever queue its frames arrive on. auto: all on a "
+                   "device with several receive queues, else off; all: every CPU this process "
+                   "may run on (off with one CPU); off: each frame where it arrives; or a list "
+                   "such as 1 or 0,2-3.")
 @click.option("--config", "config_path", default=None,
               help="Daemon config written by metaroce provision (e.g. /etc/metaroce/eth1.toml).")
 @json_option
 def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, cc, cc_target_us,
-       integrity, config_path, as_json):
+       integrity, rx_cpus, config_path, as_json):
     """Turn DEV into a MetaRoCE RDMA device (XDP NIC + daemon)."""
     from ..nic import daemon as d  # noqa: PLC0415
     require_root("metaroce up")
@@ -76,7 +83,7 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, cc, cc_t
         if pid:
             raise MetaroceError(d.already_running(did, pid))
         d.clean_stale(did)
-        dm = d.Daemon(did, mode, cfg, integrity, ccfg)
+        dm = d.Daemon(did, mode, cfg, integrity, ccfg, rx_cpus)
         if as_json:
             emit_json(dm.status())
         log(f"metaroce: {did.where()} is up ({dm.xdp_mode} XDP, pid {os.getpid()})")
@@ -84,7 +91,7 @@ def up(dev, netns, mode, foreground, credits, link_rate, credit_rtt_us, cc, cc_t
         sd_notify(f"READY=1\nSTATUS={dev} up, {mode} mode, {dm.xdp_mode} XDP")
         dm.serve_forever()
         return 0
-    st = d.start_background(did, mode, cfg, integrity, ccfg)
+    st = d.start_background(did, mode, cfg, integrity, ccfg, rx_cpus)
     if as_json:
         emit_json(st)
     else:
@@ -131,6 +138,12 @@ def status(dev, netns, as_json):
                    f"delay target +{cc['target_qdelay_us']:g} us")
     elif cc:
         click.echo("  congestion control: off (fixed windows)")
+    steer = st.get("rx_steering", "off")
+    if isinstance(steer, dict):
+        per = ", ".join(f"CPU {c}: {n}" for c, n in steer["qps_per_cpu"].items())
+        click.echo(f"  receive steering: QPs per CPU {per}")
+    else:
+        click.echo("  receive steering: off (each frame on the CPU it arrives on)")
     for k, v in st["counters"].items():
         click.echo(f"  {k:<20} {v}")
 

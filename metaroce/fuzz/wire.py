@@ -89,11 +89,11 @@ class _Sender:
 
 
 def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None,
-              mtu: int | None = None) -> dict:
+              mtu: int | None = None, queues: int = 1) -> dict:
     name = lab or f"fzw{os.getpid() % 10000}"
     t0 = time.monotonic()
     pmtu = 1024 if mtu is None else largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000
-    core.up(name, "pair", mtu=mtu or 1500)
+    core.up(name, "pair", mtu=mtu or 1500, queues=queues)
     view = core.LabView(name)
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
     dev1, dev2 = d.DeviceId("eth0", h1.netns), d.DeviceId("eth0", h2.netns)
@@ -178,7 +178,7 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
             out_of_region += sum(a != b for a, b in zip(tail, _pattern(len(mr._mm), i)[length:]))
         out_of_region += sum(a != b for a, b in zip(bytes(guard._mm), _pattern(len(guard._mm), 99)))
         port = {k: after.get("port", {}).get(k, 0) - before.get("port", {}).get(k, 0)
-                for k in ("rcv_packets", "rcv_bytes", "rcv_multi_buf")}
+                for k in ("rcv_packets", "rcv_bytes", "rcv_multi_buf", "rcv_steered")}
         multi = port["rcv_multi_buf"]
         alive = pid is not None and _alive(pid)
         serves = alive and _serves(view, ctx, h1, pmtu)
@@ -194,13 +194,18 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                 "out_of_region_writes": out_of_region, "crashes": 0 if alive else 1,
                 "daemon_serves_after": serves, "seed": seed,
                 "mtu": mtu or 1500, "pmtu": pmtu, "max_frame": target.max_frame,
+                # veth queues; with more than one the daemon steers by QP (nic_steer and
+                # nic_rx_cpu see every frame: steered_frames is nic_steer's own count)
+                "queues": queues, "rx_steering": isinstance(after.get("rx_steering"), dict),
+                "steered_frames": port["rcv_steered"],
                 "sent_longer_than_a_page": big,
                 # RoCE frames the NIC's program got as multi-buffer xdp_buffs (its own count)
                 "multi_buffer_frames": multi, "rcv_bytes": port["rcv_bytes"],
                 "seconds": round(time.monotonic() - t0, 1),
                 "packets_per_s": round(packets / max(time.monotonic() - t0, 1e-9)),
                 "ok": unaccounted == 0 and out_of_region == 0 and alive and serves and
-                (mtu is None or mtu <= LINEAR_MAX or multi > 0)}
+                (mtu is None or mtu <= LINEAR_MAX or multi > 0) and
+                (queues == 1 or port["rcv_steered"] >= port["rcv_packets"] > 0)}
     finally:
         F.ETH_SRC, F.ETH_DST, F.V4_SRC, F.V4_DST, F.V6_SRC, F.V6_DST = saved
         for c in ctxs:

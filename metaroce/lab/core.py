@@ -33,8 +33,8 @@ def preflight() -> None:
 
 def up(name: str = "lab", topology: str = "pair", hosts: int | None = None, mtu: int = 1500,
        rate: str | None = None, ecn_threshold: int | None = None, hash_seed: int = 0x4D52,
-       steer: bool = False) -> dict:
-    plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold, steer)
+       steer: bool = False, queues: int = 1) -> dict:
+    plan = plan_lab(name, topology, hosts, mtu, rate, ecn_threshold, steer, queues)
     preflight()
     if name in state.names() or namespaces_of(name):
         raise MetaroceError(f"lab {name!r} already exists (metaroce lab down --name {name})")

@@ -79,7 +79,9 @@ def build_links(plan: LabPlan) -> dict[tuple[str, str], int]:
     with ipr_in(scratch_netns(plan.name)) as scratch:
         for n, link in enumerate(plan.links):
             ta, tb = f"t{n}a", f"t{n}b"
-            scratch.link("add", ifname=ta, kind="veth", peer=tb)
+            q = plan.queues          # veth hands an XDP redirect to queue (sending CPU % q)
+            scratch.link("add", ifname=ta, kind="veth", num_rx_queues=q, num_tx_queues=q,
+                         peer={"ifname": tb, "num_rx_queues": q, "num_tx_queues": q})
             for tmp, (node, iface) in ((ta, link.a), (tb, link.b)):
                 idx = ifindex(scratch, tmp)
                 scratch.link("set", index=idx, net_ns_fd=plan.node(node).netns, ifname=iface)

@@ -14,6 +14,7 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 NETNS_PREFIX = "mr-"
 MAX_HOSTS = 48
 MIN_MTU, MAX_MTU = 1280, 9000
+MAX_QUEUES = 16                  # queues per veth end (lab up --queues)
 V6 = "fd00:4d52"          # ULA prefix of every lab ("MR")
 
 
@@ -85,6 +86,7 @@ class LabPlan:
     nodes: list[Node]
     links: list[Link]
     steer: bool = False          # switches forward on another CPU than the link's (cpumap)
+    queues: int = 1              # receive and transmit queues of every veth end
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -141,7 +143,7 @@ class LabPlan:
         links = [Link(name=l["name"], a=tuple(l["a"]), b=tuple(l["b"])) for l in d["links"]]
         return cls(name=d["name"], topology=d["topology"], mtu=d["mtu"], rate_bps=d["rate_bps"],
                    ecn_threshold=d["ecn_threshold"], nodes=nodes, links=links,
-                   steer=d.get("steer", False))
+                   steer=d.get("steer", False), queues=d.get("queues", 1))
 
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.I)
@@ -192,8 +194,11 @@ class _Macs:
 
 def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None,
              mtu: int = 1500, rate: str | int | None = None,
-             ecn_threshold: int | None = None, steer: bool = False) -> LabPlan:
+             ecn_threshold: int | None = None, steer: bool = False,
+             queues: int = 1) -> LabPlan:
     validate_name(name)
+    if not 1 <= queues <= MAX_QUEUES:
+        raise UsageError(f"--queues must be between 1 and {MAX_QUEUES}")
     if topology not in TOPOLOGIES:
         raise UsageError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     default_hosts = {"pair": 2, "star": 3, "leaf-spine": 4}[topology]
@@ -215,7 +220,8 @@ def plan_lab(name: str = "lab", topology: str = "pair", hosts: int | None = None
     builder = _flat if topology in ("pair", "star") else _leaf_spine
     nodes, links = builder(name, k, mtu, _Macs(name))
     return LabPlan(name=name, topology=topology, mtu=mtu, rate_bps=rate_bps,
-                   ecn_threshold=ecn_threshold, nodes=nodes, links=links, steer=bool(steer))
+                   ecn_threshold=ecn_threshold, nodes=nodes, links=links, steer=bool(steer),
+                   queues=queues)
 
 
 def _connect(nodes: dict[str, Node], links: list[Link], a: str, b: str, mtu: int, macs: _Macs,

@@ -38,6 +38,7 @@ from .devid import RUN_DIR, DeviceId, enter, process_netns_inode
 from .device import DEVICE_LIMITS, INTEGRITY, Device
 from .endpoints import Endpoints
 from .rx import RxPath
+from .steer import parse_rx_cpus
 
 
 
@@ -116,7 +117,7 @@ class Daemon:
     """Load, attach and serve; `serve_forever` returns on SIGTERM/SIGINT."""
 
     def __init__(self, dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
-                 integrity: str = "icrc", cc: CCConfig | None = None):
+                 integrity: str = "icrc", cc: CCConfig | None = None, rx_cpus: str = "auto"):
         if mode not in ("roce", "metaroce"):
             raise MetaroceError("--mode must be roce or metaroce")
         if integrity not in INTEGRITY:
@@ -125,6 +126,8 @@ class Daemon:
         if credits is not None:
             credits.validate()          # before anything is attached
         self.cc = (cc if cc is not None else CCConfig()).validate()
+        parse_rx_cpus(rx_cpus)              # a bad list is refused before anything is attached
+        self.rx_cpus_spec = rx_cpus
         self.dev, self.mode = dev, mode
         self.rx = self.link_fd = self.device = self.sock = None
         self.took_slot = False          # a netlink-attached program was taken off (xdpslot)
@@ -142,9 +145,13 @@ class Daemon:
             self.ifindex = socket.if_nametoindex(dev.dev)
         except OSError:
             raise MetaroceError(f"no interface {dev.where()}") from None
-        self.rx = RxPath()
         with IPRoute() as ipr:
-            mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
+            link = ipr.link("get", index=self.ifindex)[0]
+            mtu = link.get_attr("IFLA_MTU")
+            rx_queues = link.get_attr("IFLA_NUM_RX_QUEUES") or 1
+        self.rx = RxPath(rx_cpus=parse_rx_cpus(self.rx_cpus_spec, rx_queues))
+        if self.rx.steering:
+            self.rx.steering.set_device(self.ifindex)   # where nic_rx_cpu's replies leave
         self.displaced = xdpslot.take_over(self.ifindex, dev.restore_path)
         self.took_slot = True
         self.xdp_mode, flags, self.xdp_why = libbpf.xdp_mode_for_mtu(mtu, frags=True)
@@ -188,6 +195,7 @@ class Daemon:
                              "fresh_qps": len(self.device.credits.fresh)}
                             if self.device.credits else {"enabled": False}),
                 "cc": self.cc.describe(),
+                "rx_steering": self.rx.steering_status(),
                 "clients": {"connected": len(self.conns), "cut_off": self.cut_off,
                             "max_output_bytes": MAX_OUTPUT_BYTES},
                 "loop": self.device.dp.stats(),
@@ -515,7 +523,8 @@ def request(dev: DeviceId, req: dict, timeout: float = 5.0) -> tuple[dict, list[
 
 
 def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | None = None,
-                     integrity: str = "icrc", cc: CCConfig | None = None) -> dict:
+                     integrity: str = "icrc", cc: CCConfig | None = None,
+                     rx_cpus: str = "auto") -> dict:
     """Start a daemon for dev in a process of its own (a fresh interpreter: see
     daemon_proc.py for why never a bare fork), wait until it serves (or report why it could
     not), return its status."""
@@ -525,6 +534,7 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
         cc.validate()
     if integrity not in INTEGRITY:
         raise MetaroceError(f"--integrity must be {' or '.join(INTEGRITY)}")
+    parse_rx_cpus(rx_cpus)              # a bad list is refused here, in one line
     pid = running_pid(dev)
     if pid:
         raise MetaroceError(already_running(dev, pid))
@@ -533,7 +543,7 @@ def start_background(dev: DeviceId, mode: str = "roce", credits: CreditConfig | 
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "metaroce.nic.daemon_proc", "--dev", dev.dev,
            "--netns-inode", str(dev.inode), "--mode", mode, "--integrity", integrity,
-           "--ready-fd", str(wfd)]
+           "--rx-cpus", rx_cpus, "--ready-fd", str(wfd)]
     if dev.netns is not None:
         cmd += ["--netns", dev.netns]
     if credits is not None:

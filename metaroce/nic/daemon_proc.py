@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--credits", default=None, help="CreditConfig fields as JSON")
     ap.add_argument("--integrity", default="icrc")
     ap.add_argument("--cc", default=None, help="CCConfig fields as JSON")
+    ap.add_argument("--rx-cpus", default="auto")
     ap.add_argument("--ready-fd", type=int, required=True)
     a = ap.parse_args(argv)
     wfd = a.ready_fd
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         dev = DeviceId(a.dev, a.netns, a.netns_inode)
         credits = CreditConfig(**json.loads(a.credits)) if a.credits else None
         cc = CCConfig(**json.loads(a.cc)) if a.cc else None
-        dm = Daemon(dev, a.mode, credits, a.integrity, cc)
+        dm = Daemon(dev, a.mode, credits, a.integrity, cc, a.rx_cpus)
     except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
         traceback.print_exc()
         os.write(wfd, f"error: {exc}".encode())

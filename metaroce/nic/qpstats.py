@@ -17,7 +17,7 @@ def qp_stats(dev, qp) -> dict:
         st = {}
     info = dev.dp.qp_info(qp.qpn)
     out = {"qpn": qp.qpn, "state": qp.state, "mode": dev.qp_mode(qp), "integrity": qp.integrity,
-           "remote": qp.remote}
+           "remote": qp.remote, "rx_cpu": dev.rx.qp_cpu(qp.qpn)}
     out.update({k: st.get(k, 0) for k in QP_COUNTERS})
     if info is None:
         return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import MetaroceError
 from ..kern import libbpf
 from ..kern.bcc_loader import build_program, load
+from .steer import RxSteering
 
 MR_CHUNK = 65536
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
@@ -24,7 +25,7 @@ RX_REASONS = ("placed", "not_roce", "malformed", "unknown_qp", "psn_out_of_order
 TX_COUNTERS = ("ack", "nak_seq", "nak_rnr", "nak_inv_req", "nak_rem_access", "nak_rem_op",
                "atomic_ack", "cnp", "sack")
 PORT_COUNTERS = ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes",   # port_counters map
-                 "rcv_icrc_checked", "rcv_csum_checked", "rcv_multi_buf")
+                 "rcv_icrc_checked", "rcv_csum_checked", "rcv_multi_buf", "rcv_steered")
 RQ_DEPTH, RD_DEPTH = 256, 16
 RD_READ, RD_ATOMIC = 1, 2
 CREDIT_VALID = 0x80000000        # an event's len carries a Credit Limit PSN (nic_consts.h)
@@ -129,14 +130,27 @@ class MemoryRegion:
 class RxPath:
     """One loaded receive program with its maps; attach `prog_fd` to a device or test-run it."""
 
-    def __init__(self, max_qps: int = 4096, max_mrs: int = 4096):
-        self.bpf = build_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
-                                                   **extra_defines()}, {"nic_rx": "xdp.frags"})
-        self.build_info = dict(self.bpf.build_info)
+    def __init__(self, max_qps: int = 4096, max_mrs: int = 4096,
+                 rx_cpus: list[int] | None = None):
+        """rx_cpus: receive steering over these CPUs (nic/steer.py; the device runs nic_steer,
+        prog_fd), or None: the device runs nic_rx on whatever CPU a frame arrives on (and
+        BPF_PROG_TEST_RUN can drive it: prog_fd)."""
         # frags-aware (BPF_F_XDP_HAS_FRAGS): every read of the packet past its headers is
         # bpf_xdp_load_bytes, so a multi-buffer frame is parsed, checked and placed like any
         # other, and veth runs the program natively at MTU 9000 (issue 21)
-        self.prog = load(self.bpf, "nic_rx", "xdp.frags")
+        funcs = ({"nic_steer": "xdp.frags", "nic_rx_cpu": "xdp.cpumap"} if rx_cpus else
+                 {"nic_rx": "xdp.frags"})
+        steer = {"NIC_STEER": 1} if rx_cpus else {}
+        self.bpf = build_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
+                                                   **steer, **extra_defines()}, funcs)
+        self.build_info = dict(self.bpf.build_info)
+        self.steering = None
+        if rx_cpus:
+            cpu_prog = load(self.bpf, "nic_rx_cpu", "xdp.cpumap")
+            self.prog = load(self.bpf, "nic_steer", "xdp.frags")
+            self.steering = RxSteering(self.bpf, cpu_prog.fd, rx_cpus)
+        else:
+            self.prog = load(self.bpf, "nic_rx", "xdp.frags")
         self.prog_fd = self.prog.fd
         self._mrs_fd = self.bpf[b"mrs"].map_fd
         self._info_fd = self.bpf[b"mr_infos"].map_fd
@@ -230,7 +244,13 @@ class RxPath:
                 self._sq_slots[qpn] = self._sq_free.pop()
             leaf.sq_slot, leaf.sq_open = self._sq_slots[qpn], 1
             self.set_sq_psn(qpn, sq_psn)
+        if self.steering:              # its CPU before its state: no frame of it runs elsewhere
+            self.steering.assign(qpn)
         self._qps[self._qps.Key(qpn)] = leaf
+
+    def qp_cpu(self, qpn: int) -> int | None:
+        """The CPU the QP's frames are handed to (receive steering), or None."""
+        return self.steering.qp_cpu.get(qpn) if self.steering else None
 
     def sq_slot(self, qpn: int) -> int:
         """The QP's entry in sq_psns (its next PSN), set by set_qp with sq_psn."""
@@ -274,6 +294,8 @@ class RxPath:
         if not self._tearing_down:
             for fd in (self._qps_fd, self._credit_fd):
                 libbpf.map_delete_raw(fd, key, missing_ok=True)
+        if self.steering:
+            self.steering.release(qpn, not self._tearing_down)
         slot = self._sq_slots.pop(qpn, None)
         if slot is not None:                   # the QP's entry is gone: its slot is free
             self._sq_free.append(slot)
@@ -343,6 +365,19 @@ class RxPath:
         the verdict (frames and bytes), summed over CPUs."""
         pc = self.bpf[b"port_counters"]
         return {name: sum(pc[pc.Key(i)]) for i, name in enumerate(PORT_COUNTERS)}
+
+    def steering_status(self) -> dict | str:
+        """Receive steering as `metaroce status` shows it: its CPUs and QPs per CPU, and per
+        CPU the RoCE frames the NIC program handled there (rcv_packets) and those nic_steer
+        handed from there to a QP's CPU (rcv_steered); "off" without steering."""
+        if not self.steering:
+            return "off"
+        pc = self.bpf[b"port_counters"]
+        n = os.cpu_count() or 1
+        per_cpu = {name: [int(v) for v in pc[pc.Key(PORT_COUNTERS.index(name))]][:n]
+                   for name in ("rcv_packets", "rcv_steered")}
+        return {**self.steering.describe(),
+                **{f"{name}_per_cpu": v for name, v in per_cpu.items()}}
 
     def event_counters(self) -> dict:
         ev = self.bpf[b"ev_counters"]

@@ -17,12 +17,12 @@ def ip_of(view, host: str, v6: bool = False) -> str:
 
 
 @contextmanager
-def daemons(view, hosts=("h1", "h2"), mode="roce"):
+def daemons(view, hosts=("h1", "h2"), mode="roce", **kw):
     devs = [d.DeviceId("eth0", view.plan.node(h).netns) for h in hosts]
     started = []
     try:
         for dev in devs:
-            d.start_background(dev, mode)
+            d.start_background(dev, mode, **kw)
             started.append(dev)
         yield devs
     finally:
