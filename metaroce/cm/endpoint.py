@@ -39,8 +39,9 @@ class Connection:
     `remote` holds the peer's qpn, psn, ip and mtu; `private_data` is what the peer sent."""
 
     def __init__(self, ctx: Context, qp: QP, channel: Channel, mode: str, caps: int,
-                 remote: dict, private_data: bytes, txn_id: int):
+                 remote: dict, private_data: bytes, txn_id: int, version: int = C.CM_VERSION):
         self.ctx, self.qp, self.channel = ctx, qp, channel
+        self.version = version                     # its CONNECT_REQ's CMETH version (VER-2)
         self.mode, self.caps, self.remote = mode, caps, remote
         self.integrity = N.integrity_of(caps)      # INT-1: "csum" or "icrc"
         self.private_data, self.txn_id = private_data, txn_id
@@ -48,7 +49,7 @@ class Connection:
 
     def _disconnect_msg(self) -> CMETH:
         return CMETH(cm_type=C.CmType.DISCONNECT, txn_id=self.txn_id, qpn=self.qp.qp_num,
-                     start_psn=0)
+                     start_psn=0, version=self.version)
 
     def wait_disconnect(self, timeout_s: float | None = None) -> bool:
         """Wait for the peer's DISCONNECT; answer it and tear down (the QP's outstanding work
@@ -95,19 +96,39 @@ class Connection:
 
 
 def _request(qp: QP, txn: int, caps: int, mtu: int, gid: bytes, attr: dict,
-             paths: int) -> CMETH:
+             paths: int, fitted: int = 0, version: int = C.CM_VERSION) -> CMETH:
     return CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn,
                  caps=caps, mtu=N.MTU_CODE[mtu], max_paths=paths if caps & C.Cap.MULTIPATH else 1,
                  timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                  rnr_retry=attr.get("rnr_retry", 7), max_rd_atomic=16, max_dest_rd_atomic=16,
                  min_rnr_timer=attr.get("min_rnr_timer", 12),
-                 window_pkts=N.MR_WINDOW if caps else 0, gid=gid)
+                 window_pkts=N.MR_WINDOW if caps else 0, gid=gid, version=version,
+                 mtu64=N.mtu64_of(fitted, caps) if version >= 3 else 0)
 
 
-def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
-            recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
-            mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
-            paths: int | None = None, integrity: str | None = None, **attr) -> Connection:
+class _OlderVersion(CmError):
+    """The target answered REJECT BAD_VERSION in an older version this end implements."""
+
+    def __init__(self, version: int):
+        super().__init__(f"the target speaks CMETH version {version}")
+        self.version = version
+
+
+def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, **kw) -> Connection:
+    """Connect to a listener at ip:port (_connect's arguments). The request goes in the highest
+    CMETH version this end implements; a target that answers REJECT BAD_VERSION in an older one
+    this end implements gets one retry in that version, with a new transaction (VER-2)."""
+    try:
+        return _connect(ctx, ip, port, **kw)
+    except _OlderVersion as exc:
+        return _connect(ctx, ip, port, version=exc.version, **kw)
+
+
+def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq: CQ,
+             recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
+             mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
+             paths: int | None = None, integrity: str | None = None,
+             version: int = C.CM_VERSION, **attr) -> Connection:
     """Connect to a listener at ip:port. mode: what to ask for (default: what the device
     offers); mandatory: fail instead of falling back to RoCEv2 (CM-6); paths: how many paths
     (UDP source ports) a MetaRoCE connection may spray over (MP-1; default 4, 0: one fixed
@@ -154,10 +175,10 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
     ch = Channel(s, f"{ip} port {port}")
     qp = QP(pd, QPInitAttr(send_cq, recv_cq or send_cq, cap or QPCap()))
     try:
-        local_mtu = ctx.query_device()["max_pmtu"]
+        local_mtu, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
         txn = secrets.randbits(32)
         req = _request(qp, txn, N.offer(want, paths, offer_int), local_mtu,
-                       N.gid_of(_local_ip(qp, family)), attr, paths)
+                       N.gid_of(_local_ip(qp, family)), attr, paths, fitted, version)
         ch.send(req, private_data)
         try:
             got = ch.recv(timeout_s)
@@ -166,7 +187,8 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
             if p and p["cm_type"] == C.CmType.REJECT and p["reject_reason"] == \
                     C.CmReject.BAD_VERSION:            # VER-2: the target speaks another version
                 raise CmError(f"{ip} port {port} speaks CMETH version {p['version']}; this end "
-                              f"implements version {C.CM_VERSION}") from None
+                              f"implements versions "
+                              f"{' and '.join(map(str, C.CM_VERSIONS))}") from None
             raise
         if got is None:
             raise CmError(f"{ip} port {port} did not answer the connection request within "
@@ -174,6 +196,9 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
         rep, private = got
         if rep.txn_id != txn:
             raise CmError(f"{ip} port {port} answered another transaction")
+        if rep.cm_type == C.CmType.REJECT and rep.reject_reason == C.CmReject.BAD_VERSION \
+                and rep.version < version:             # VER-2: retry in the target's version
+            raise _OlderVersion(rep.version)
         if rep.cm_type == C.CmType.REJECT:
             raise CmError(f"{ip} port {port} rejected the connection: "
                           f"{N.REJECT_TEXT.get(rep.reject_reason, rep.reject_reason)}")
@@ -188,16 +213,22 @@ def connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq:
             _reject(ch, rep, C.CmReject.INVALID_PARAMS)
             raise CmError(f"{ip} port {port} answered MetaRoCE mode with window "
                           f"{rep.window_pkts} (SACK-1: 1 .. 2^23 - 1)")
+        if rep.mtu64 and not C.path_mtu_ok(rep.mtu64 * C.FITTED_MTU_UNIT, True):
+            _reject(ch, rep, C.CmReject.INVALID_PARAMS)
+            raise CmError(f"{ip} port {port} answered a fitted MTU of {rep.mtu64} x 64 bytes "
+                          f"(CM-14: {C.FITTED_MTU_MIN} .. {C.FITTED_MTU_MAX})")
         if mandatory and want == "metaroce" and got_mode != "metaroce":
             _reject(ch, rep, C.CmReject.UNSUPPORTED_CAPS)
             raise CmError(f"incompatible: {ip} does not offer MetaRoCE mode, which was required")
         remote = {"qpn": rep.qpn, "psn": rep.start_psn, "ip": N.ip_of(rep.gid),
-                  "mtu": N.path_mtu(local_mtu, rep.mtu), "mode": got_mode}
+                  "mtu": N.path_mtu(local_mtu, rep.mtu, req.mtu64 * C.FITTED_MTU_UNIT,
+                                    rep.mtu64, caps), "mode": got_mode}
         qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                    rnr_retry=attr.get("rnr_retry", 7), integrity=N.integrity_of(caps),
                    paths=N.paths_of(caps, req.max_paths, rep.max_paths))
-        ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn))
-        return Connection(ctx, qp, ch, got_mode, caps, remote, private, txn)
+        ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn,
+                      version=version))
+        return Connection(ctx, qp, ch, got_mode, caps, remote, private, txn, version)
     except BaseException:
         ch.close()
         qp.close()
@@ -213,12 +244,16 @@ def _integrity_offer(dev: dict, asked: str | None) -> str:
     return "csum" if device == "csum" and asked != "icrc" else "icrc"
 
 
-def _reject(ch: Channel, req: CMETH | dict, reason: int) -> None:
-    """REJECT the request (a CMETH, or the prefix of an unreadable one) in this end's version."""
+def _reject(ch: Channel, req: CMETH | dict, reason: int, version: int | None = None) -> None:
+    """REJECT the request (a CMETH, or the prefix of an unreadable one) in its own version when
+    this end implements it, else (BAD_VERSION) in `version`, this end's highest (VER-2)."""
     txn = req["txn_id"] if isinstance(req, dict) else req.txn_id
+    theirs = req["version"] if isinstance(req, dict) else req.version
+    if version is None:
+        version = theirs if theirs in C.CM_VERSIONS else C.CM_VERSION
     try:
         ch.send(CMETH(cm_type=C.CmType.REJECT, txn_id=txn, qpn=0, start_psn=0,
-                      reject_reason=int(reason)))
+                      reject_reason=int(reason), version=version))
     except CmError:
         pass
 
@@ -227,8 +262,12 @@ class Listener:
     """A bound side channel in the device's namespace; `accept` makes one Connection."""
 
     def __init__(self, ctx: Context, port: int = DEFAULT_PORT, host: str | None = None,
-                 family: int = socket.AF_INET6):
-        self.ctx = ctx
+                 family: int = socket.AF_INET6, version: int = C.CM_VERSION):
+        """version: the highest CMETH version it answers in (a lower one than this end's
+        highest makes it behave as a target that implements no later one, VER-2)."""
+        if version not in C.CM_VERSIONS:
+            raise CmError(f"CMETH version must be one of {C.CM_VERSIONS}, not {version}")
+        self.ctx, self.version = ctx, version
         if host:
             family = _family(host)
         self.sock = tcp_socket(ctx.dev.netns, family)
@@ -268,15 +307,19 @@ class Listener:
                 got = ch.recv(timeout_s if timeout_s else 10.0)
             except Unreadable as exc:
                 if exc.prefix is not None:             # VER-2 / CM-10: answer what was readable
-                    _reject(ch, exc.prefix, C.CmReject.BAD_VERSION
-                            if exc.prefix["version"] != C.CM_VERSION
-                            else C.CmReject.INVALID_PARAMS)
+                    known = exc.prefix["version"] in C.CM_VERSIONS
+                    _reject(ch, exc.prefix, C.CmReject.INVALID_PARAMS if known
+                            else C.CmReject.BAD_VERSION, None if known else self.version)
                 raise                                 # VER-4: no magic, no answer
             if got is None:
                 raise CmError(f"{peer} sent no connection request")
             req, private = got
             if req.cm_type != C.CmType.CONNECT_REQ:
                 raise CmError(f"{peer} sent CM type {req.cm_type} instead of CONNECT_REQ")
+            if req.version > self.version:            # VER-2: a version it does not implement
+                _reject(ch, req, C.CmReject.BAD_VERSION, self.version)
+                raise CmError(f"rejected {peer}: CMETH version {req.version} (this listener "
+                              f"answers up to {self.version})")
             dev = self.ctx.query_device()
             try:
                 caps = N.accept(req, dev["mode"], allow_metaroce,
@@ -292,9 +335,11 @@ class Listener:
                 _reject(ch, req, C.CmReject.NO_RESOURCES)
                 raise CmError(f"rejected {peer}: no QP ({exc})") from None
             mode = N.mode_of(caps)
-            local_mtu = self.ctx.query_device()["max_pmtu"]
+            local_mtu, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
+            my_mtu64 = N.mtu64_of(fitted, caps, peer_offered=bool(req.mtu64))
             remote = {"qpn": req.qpn, "psn": req.start_psn, "ip": N.ip_of(req.gid),
-                      "mtu": N.path_mtu(local_mtu, req.mtu), "mode": mode}
+                      "mtu": N.path_mtu(local_mtu, req.mtu, my_mtu64 * C.FITTED_MTU_UNIT,
+                                        req.mtu64, caps), "mode": mode}
             family = _family(remote["ip"])
             my_paths = min(paths, req.max_paths) if caps & C.Cap.MULTIPATH else 1
             qp.connect(remote, timeout=attr.get("timeout", 14),
@@ -305,13 +350,15 @@ class Listener:
                         start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=my_paths,
                         max_rd_atomic=16, max_dest_rd_atomic=16,
                         window_pkts=N.MR_WINDOW if caps else 0,
-                        gid=N.gid_of(_local_ip(qp, family)))
+                        gid=N.gid_of(_local_ip(qp, family)), mtu64=my_mtu64,
+                        version=req.version)
             ch.send(rep, private_data)
             ready = ch.recv(READY_TIMEOUT_S)
             if ready is None or ready[0].cm_type != C.CmType.READY or \
                     ready[0].txn_id != req.txn_id:
                 raise CmError(f"{peer} did not confirm the connection (no READY)")
-            return Connection(self.ctx, qp, ch, mode, caps, remote, private, req.txn_id)
+            return Connection(self.ctx, qp, ch, mode, caps, remote, private, req.txn_id,
+                              req.version)
         except BaseException:
             ch.close()
             if qp is not None:
@@ -328,5 +375,6 @@ class Listener:
         self.close()
 
 
-def listen(ctx: Context, port: int = DEFAULT_PORT, host: str | None = None) -> Listener:
-    return Listener(ctx, port, host)
+def listen(ctx: Context, port: int = DEFAULT_PORT, host: str | None = None,
+           version: int = C.CM_VERSION) -> Listener:
+    return Listener(ctx, port, host, version=version)

@@ -88,11 +88,14 @@ def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
 
 def validate(req: CMETH) -> None:
     """CM-10: the fields a target refuses with INVALID_PARAMS, and the version (VER-2)."""
-    if req.version != C.CM_VERSION:
-        raise Rejected(C.CmReject.BAD_VERSION, f"CMETH version {req.version} is not "
-                       f"{C.CM_VERSION}")
+    if req.version not in C.CM_VERSIONS:
+        raise Rejected(C.CmReject.BAD_VERSION, f"CMETH version {req.version} is not one of "
+                       f"{C.CM_VERSIONS}")
     if req.mtu not in C.MTU_CODES:
         raise Rejected(C.CmReject.INVALID_PARAMS, f"MTU code {req.mtu} is not 1-5")
+    if req.mtu64 and not C.path_mtu_ok(req.mtu64 * C.FITTED_MTU_UNIT, True):
+        raise Rejected(C.CmReject.INVALID_PARAMS, f"fitted MTU {req.mtu64} x 64 bytes is not "
+                       f"{C.FITTED_MTU_MIN} .. {C.FITTED_MTU_MAX} (CM-14)")
     if req.caps & C.Cap.MULTIPATH and not 1 <= req.max_paths <= C.MAX_PATHS:
         raise Rejected(C.CmReject.INVALID_PARAMS, f"max_paths {req.max_paths} is not "
                        f"1-{C.MAX_PATHS}")
@@ -114,9 +117,21 @@ def ip_of(gid: bytes) -> str:
     return str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
 
 
-def path_mtu(local_bytes: int, remote_code: int) -> int:
-    """CM-1: the connection's path MTU is the smaller of the two."""
+def path_mtu(local_bytes: int, remote_code: int, local_fitted: int = 0,
+             remote_mtu64: int = 0, caps: int = 0) -> int:
+    """CM-1: the connection's path MTU is the smaller of the two; CM-14: on a MetaRoCE
+    connection whose two CMETHs both offered a fitted MTU, the smaller of those."""
+    if mode_of(caps) == "metaroce" and local_fitted and remote_mtu64:
+        return min(local_fitted, remote_mtu64 * C.FITTED_MTU_UNIT)
     return min(local_bytes, C.MTU_CODES[remote_code])
+
+
+def mtu64_of(fitted_bytes: int, caps: int, peer_offered: bool = True) -> int:
+    """CM-14: the mtu64 a CMETH carries: the fitted MTU in 64-byte units in a MetaRoCE offer
+    (or, in an answer, when the initiator offered one too); else 0."""
+    if mode_of(caps) != "metaroce" or not peer_offered or not fitted_bytes:
+        return 0
+    return fitted_bytes // C.FITTED_MTU_UNIT
 
 
 REJECT_TEXT = {C.CmReject.NO_RESOURCES: "no resources", C.CmReject.BAD_VERSION: "bad version",

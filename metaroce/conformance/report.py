@@ -50,6 +50,7 @@ NOT_TESTABLE = {
     "RTO-1": _CC + " (adaptive RTO of the DUT's requester)", "RTO-2": _CC,
     "CM-1": _CM, "CM-2": _CM, "CM-3": _CM, "CM-4": _CM, "CM-5": _CM, "CM-6": _CM, "CM-9": _CM,
     "CM-10": _CM, "SEC-9": _CM, "CM-11": _CM, "CM-12": _CM, "CM-13": _CM,
+    "CM-14": _CM,
     "REG-4": _CM + " (capability bits)", "REG-5": _CM + " (CM registries)", "VER-2": _CM,
     "VER-4": _CM + " (the CMETH magic)", "VER-5": _CM + " (the CM's TCP port)",
     "SACK-12": _CC + " (READ responses reordered and lost across the responder's paths)",

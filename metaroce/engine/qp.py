@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 from enum import Enum
 
-from metaroce.wire.consts import LOCAL_ACK_TIMEOUT_UNIT_NS, MTU_CODES, PSN_MASK, RNR_TIMER_USEC
+from metaroce.wire.consts import (LOCAL_ACK_TIMEOUT_UNIT_NS, MTU_CODES, PSN_MASK, RNR_TIMER_USEC,
+                                  path_mtu_ok)
 
 
 class QPState(Enum):
@@ -58,8 +59,9 @@ class QPAttr:
     window: int = 128  # packets in flight; in MetaRoCE mode also the responder window W
 
     def validate(self) -> None:
-        if self.path_mtu not in MTU_CODES.values():
-            raise ValueError(f"path_mtu {self.path_mtu} not one of {sorted(MTU_CODES.values())}")
+        if not path_mtu_ok(self.path_mtu, True):     # the mode's own rule: the device's
+            raise ValueError(f"path_mtu {self.path_mtu} is neither one of "
+                             f"{sorted(MTU_CODES.values())} nor a multiple of 64 in 256 .. 4096")
         for name in ("qpn", "dest_qpn", "sq_psn", "rq_psn"):
             if not 0 <= getattr(self, name) <= PSN_MASK:
                 raise ValueError(f"{name} must be 24-bit")

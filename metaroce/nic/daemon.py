@@ -223,7 +223,8 @@ class Daemon:
         if op == "query_device":
             return {"limits": DEVICE_LIMITS, "mode": self.mode, "integrity": self.integrity,
                     "xdp_mode": self.xdp_mode,
-                    "max_pmtu": d.max_pmtu(), "node_guid": f"{self.ifindex:016x}"}, []
+                    "max_pmtu": d.max_pmtu(), "max_fitted_pmtu": d.max_pmtu(fitted=True),
+                    "node_guid": f"{self.ifindex:016x}"}, []
         if op == "alloc_pd":
             return {"pd": d.alloc_pd(conn)}, []
         if op == "reg_mr":

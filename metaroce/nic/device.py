@@ -14,6 +14,7 @@ import time
 
 from ..errors import MetaroceError
 from ..fastpath.xsk import _lib
+from ..wire.consts import FITTED_MTU_MAX, FITTED_MTU_MIN, FITTED_MTU_UNIT, path_mtu_ok
 from . import neigh
 from .cq import MAX_CQE, Cq, checked_cqe, ring_entries
 from .ccconfig import CCConfig
@@ -44,8 +45,19 @@ def largest_pmtu(link_mtu: int, frame_cap: int) -> int:
     ICRC) fit an IP packet of link_mtu bytes and, with their Ethernet header, a frame of
     frame_cap bytes (the AF_XDP socket's largest: 4096 in one UMEM chunk, 8192 in two with
     XDP_USE_SG). 256 at the least."""
-    room = min(link_mtu, frame_cap - 14) - 40 - 8 - 12 - MAX_EXT - 3 - 4
-    return max([m for m in ROCE_MTUS if m <= room] or [ROCE_MTUS[0]])
+    return max([m for m in ROCE_MTUS if m <= _room(link_mtu, frame_cap)] or [ROCE_MTUS[0]])
+
+
+def _room(link_mtu: int, frame_cap: int) -> int:
+    return min(link_mtu, frame_cap - 14) - 40 - 8 - 12 - MAX_EXT - 3 - 4
+
+
+def largest_fitted_pmtu(link_mtu: int, frame_cap: int) -> int:
+    """CM-14: the largest fitted path MTU a MetaRoCE connection may use on this device: a
+    multiple of 64 bytes whose packets fit as largest_pmtu's do, 256 .. 4096 (1344 at a link
+    MTU of 1500, where the IB enum gives 1024)."""
+    room = _room(link_mtu, frame_cap) // FITTED_MTU_UNIT * FITTED_MTU_UNIT
+    return max(FITTED_MTU_MIN, min(FITTED_MTU_MAX, room))
 
 
 DEVICE_LIMITS = {"max_qp": 4096, "max_mr": 4096, "max_cq": 65536, "max_pd": 65536,
@@ -295,9 +307,12 @@ class Device:
         if want_int not in INTEGRITY:
             raise MetaroceError(f"integrity must be {' or '.join(INTEGRITY)}, not {want_int!r}")
         csum = metaroce and self.integrity == "csum" and want_int == "csum"
-        pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)), self.max_pmtu())
-        if pmtu not in (256, 512, 1024, 2048, 4096):
-            raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)")
+        pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)),
+                   self.max_pmtu(fitted=metaroce))
+        if not path_mtu_ok(pmtu, metaroce):
+            raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)" +
+                                ("" if not metaroce else " nor a fitted one (a multiple of 64 "
+                                 "bytes, CM-14)"))
         retry_cnt = _attr(attr, "retry_cnt", 7, 0, 7)
         rnr_retry = _attr(attr, "rnr_retry", 7, 0, 7)
         timeout = _attr(attr, "timeout", 14, 0, 31)
@@ -355,20 +370,19 @@ class Device:
     def qp_mode(qp: Qp) -> str:
         return "metaroce" if qp.metaroce else "roce"
 
-    def max_pmtu(self) -> int:
-        """The largest RoCE MTU the link and the AF_XDP socket's largest frame hold (the link
-        MTU is read at most once a second: a netlink round trip costs about a millisecond here).
-        """
+    def max_pmtu(self, fitted: bool = False) -> int:
+        """The largest RoCE MTU the link and the AF_XDP socket's largest frame hold, or with
+        fitted the largest fitted one (CM-14; MetaRoCE connections). The link MTU is read at
+        most once a second: a netlink round trip costs about a millisecond here."""
         now = time.monotonic()
         cached = getattr(self, "_pmtu", None)
-        if cached is not None and now - cached[0] < 1.0:
-            return cached[1]
-        from pyroute2 import IPRoute  # noqa: PLC0415
-        with IPRoute() as ipr:
-            mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-        pmtu = largest_pmtu(mtu, self.dp.frame_cap)
-        self._pmtu = (now, pmtu)
-        return pmtu
+        if cached is None or now - cached[0] >= 1.0:
+            from pyroute2 import IPRoute  # noqa: PLC0415
+            with IPRoute() as ipr:
+                mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
+            cached = self._pmtu = (now, largest_pmtu(mtu, self.dp.frame_cap),
+                                   largest_fitted_pmtu(mtu, self.dp.frame_cap))
+        return cached[2] if fitted else cached[1]
 
     def destroy_qp(self, owner, qpn: int) -> None:
         self._forget_qp(self.own_qp(owner, qpn))

@@ -39,7 +39,7 @@ def codec_values() -> dict[str, dict]:
         "capabilities": {int(c): c.name for c in C.Cap},
         "cm-types": {int(t): t.name for t in C.CmType},
         "reject-reasons": {int(r): r.name for r in C.CmReject},
-        "cmeth-versions": {C.CM_VERSION: f"CMETH_V{C.CM_VERSION}"},
+        "cmeth-versions": {v: f"CMETH_V{v}" for v in C.CM_VERSIONS},
         "sack-flags": _flags("SACK_F_"),
         "peth-flags": _flags("PETH_F_"),
         "credit-flags": _flags("CREDIT_F_"),

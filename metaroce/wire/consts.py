@@ -209,7 +209,8 @@ class Cap(IntEnum):
 
 
 CAPS_DEFINED = sum(int(c) for c in Cap)
-CM_VERSION = 2  # the CMETH layout of spec version 2 (VER-2); version 1 is withdrawn
+CM_VERSION = 3  # the highest CMETH version this end implements (VER-2); version 1 is withdrawn
+CM_VERSIONS = (2, 3)  # 3: byte 31 carries the fitted MTU offer (CM-14); 2: it is reserved
 CMETH_MAGIC = 0x4D52434D  # "MRCM": every CMETH block starts with it (VER-4)
 CM_TCP_PORT = 4791  # the CM side channel's default TCP port (VER-5)
 CMETH_PREFIX_LEN = 12  # magic, type, version, reject reason, txn id: the same in every version
@@ -217,3 +218,11 @@ MAX_PATHS = 64
 
 # IB MTU enum -> bytes
 MTU_CODES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
+# CM-14: a MetaRoCE connection's fitted path MTU, any multiple of FITTED_MTU_UNIT in this range
+FITTED_MTU_UNIT, FITTED_MTU_MIN, FITTED_MTU_MAX = 64, 256, 4096
+
+
+def path_mtu_ok(mtu: int, metaroce: bool) -> bool:
+    """QP-4 / CM-14: an IB MTU in either mode; in MetaRoCE mode also a fitted one."""
+    return mtu in MTU_CODES.values() or (
+        metaroce and FITTED_MTU_MIN <= mtu <= FITTED_MTU_MAX and mtu % FITTED_MTU_UNIT == 0)

@@ -424,6 +424,7 @@ class CMETH(Header):
     window_pkts: int = 0
     gid: bytes = bytes(16)
     version: int = C.CM_VERSION
+    mtu64: int = 0          # version 3: the largest fitted path MTU offered, in 64 B (CM-14)
     reject_reason: int = 0
 
     SIZE = C.CMETH_LEN
@@ -432,7 +433,8 @@ class CMETH(Header):
     def __post_init__(self):
         _bits(self, cm_type=8, version=8, reject_reason=16, txn_id=32, qpn=24, start_psn=24,
               caps=32, mtu=8, max_paths=8, timeout=5, retry_cnt=3, rnr_retry=3,
-              max_rd_atomic=8, max_dest_rd_atomic=8, min_rnr_timer=5, window_pkts=32)
+              max_rd_atomic=8, max_dest_rd_atomic=8, min_rnr_timer=5, window_pkts=32,
+              mtu64=8)
         if not isinstance(self.gid, bytes) or len(self.gid) != 16:
             raise ValueError("CMETH.gid is 16 bytes")
 
@@ -443,7 +445,7 @@ class CMETH(Header):
             self._FMT, C.CMETH_MAGIC, self.cm_type, self.version, self.reject_reason, self.txn_id,
             self.qpn, self.start_psn, self.caps, self.mtu, self.max_paths, self.timeout,
             self.retry_cnt << 5 | self.rnr_retry << 2, self.max_rd_atomic,
-            self.max_dest_rd_atomic, self.min_rnr_timer, 0, self.window_pkts, self.gid)
+            self.max_dest_rd_atomic, self.min_rnr_timer, self.mtu64, self.window_pkts, self.gid)
 
     @staticmethod
     def prefix(buf) -> dict | None:
@@ -459,21 +461,23 @@ class CMETH(Header):
     @classmethod
     def _unpack(cls, b, off):
         (magic, cm_type, version, reject, txn, qpn, psn, caps, mtu, paths, timeout, retries, rd,
-         drd, rnr, resv, window, gid) = struct.unpack(cls._FMT, b)
+         drd, rnr, mtu64, window, gid) = struct.unpack(cls._FMT, b)
         if magic != C.CMETH_MAGIC:
             raise ParseError(Reason.BAD_FIELD, f"no CMETH magic (0x{magic:08x})", off)
-        if version != C.CM_VERSION:
+        if version not in C.CM_VERSIONS:
             raise ParseError(Reason.BAD_FIELD, f"CMETH version {version} (this end implements "
-                             f"{C.CM_VERSION}); only its first {C.CMETH_PREFIX_LEN} bytes are "
-                             f"readable", off)
+                             f"{' and '.join(map(str, C.CM_VERSIONS))}); only its first "
+                             f"{C.CMETH_PREFIX_LEN} bytes are readable", off)
         if cm_type not in C.CmType.__members__.values():
             raise ParseError(Reason.BAD_FIELD, f"CMETH unknown cm_type {cm_type}", off)
-        if qpn >> 24 or psn >> 24 or timeout >> 5 or retries & 3 or rnr >> 5 or resv:
+        if qpn >> 24 or psn >> 24 or timeout >> 5 or retries & 3 or rnr >> 5 or \
+                (version < 3 and mtu64):                 # byte 31: reserved in version 2
             raise ParseError(Reason.BAD_FIELD, "CMETH reserved bits set", off)
         return cls(cm_type=cm_type, version=version, reject_reason=reject, txn_id=txn, qpn=qpn,
                    start_psn=psn, caps=caps, mtu=mtu, max_paths=paths, timeout=timeout,
                    retry_cnt=retries >> 5, rnr_retry=retries >> 2 & 7, max_rd_atomic=rd,
-                   max_dest_rd_atomic=drd, min_rnr_timer=rnr, window_pkts=window, gid=gid)
+                   max_dest_rd_atomic=drd, min_rnr_timer=rnr, window_pkts=window, gid=gid,
+                   mtu64=mtu64)
 
 
 ALL_HEADERS = (BTH, RETH, AETH, ImmDt, IETH, AtomicETH, AtomicAckETH, CNPPad, PETH, SACKETH,

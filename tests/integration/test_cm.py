@@ -52,18 +52,18 @@ def sides(lab):
     b.close()
 
 
-def serve(b, out, port, **kw):
+def serve(b, out, port, version=None, **kw):
     try:
-        with cm.listen(b.ctx, port) as lis:
+        with cm.listen(b.ctx, port, **({} if version is None else {"version": version})) as lis:
             out["conn"] = lis.accept(pd=b.pd, send_cq=b.cq, timeout_s=10,
                                      private_data=b"srv:" + b.mr.rkey.to_bytes(4, "big"), **kw)
     except Exception as exc:  # noqa: BLE001 (handed to the test)
         out["error"] = exc
 
 
-def connect_pair(view, a, b, port, v6=False, **kw):
+def connect_pair(view, a, b, port, v6=False, version=None, **kw):
     out = {}
-    t = threading.Thread(target=serve, args=(b, out, port))
+    t = threading.Thread(target=serve, args=(b, out, port, version))
     t.start()
     try:
         for _ in range(50):                      # until the listener is bound
@@ -103,7 +103,13 @@ def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     assert ca.private_data[:4] == b"srv:" and cb.private_data == b"hello"
     assert ca.remote["qpn"] == cb.qp.qp_num and cb.remote["qpn"] == ca.qp.qp_num
     assert ca.qp.query()["mode"] == cb.qp.query()["mode"] == "metaroce"
+    # CM-14: both ends offered a fitted path MTU; at link MTU 1500 that is 1344 bytes, where
+    # the IB enum would give 1024
+    assert ca.remote["mtu"] == cb.remote["mtu"] == 1344
+    assert ca.qp.query()["remote"]["mtu"] == cb.qp.query()["remote"]["mtu"] == 1344
+    sent = ca.qp.query()["sent_packets"]
     write_and_check(a, b, ca, 300000)
+    assert ca.qp.query()["sent_packets"] - sent == -(-300000 // 1344)     # 224, not 293
     # CM-9: DISCONNECT moves the peer's QP to ERR: its posted receive is flushed
     cb.qp.post_recv(RecvWR(wr_id=77, sg_list=[b.mr.sge(0, 64)]))
     t = threading.Thread(target=cb.wait_disconnect, args=(5,))
@@ -153,6 +159,7 @@ def test_a_compat_target_yields_roce_and_mandatory_fails(sides):
     ca, out = connect_pair(view, a, b, 18610)
     assert ca.mode == out["conn"].mode == "roce" and ca.caps == 0
     assert ca.qp.query()["mode"] == "roce"
+    assert ca.remote["mtu"] == out["conn"].remote["mtu"] == 1024    # compat: the IB enum
     ca.close()
     out["conn"].close()
     with pytest.raises(cm.CmError, match="incompatible"):
@@ -208,7 +215,7 @@ def test_cm_port_magic_and_version(sides):
     req = CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=0x5EED, qpn=0x11, start_psn=1, mtu=3,
                 caps=3, window_pkts=128).pack()
     for payload, expect in ((bytes(C.CMETH_LEN + 2), "magic"),
-                            (req[:5] + bytes([3]) + req[6:] + b"\0\0", "BAD_VERSION")):
+                            (req[:5] + bytes([4]) + req[6:] + b"\0\0", "BAD_VERSION")):
         out = {}
         t = threading.Thread(target=serve, args=(b, out, 18630))
         t.start()
@@ -220,5 +227,79 @@ def test_cm_port_magic_and_version(sides):
         else:
             rej = CMETH.parse(got[:C.CMETH_LEN])
             assert (rej.cm_type, rej.reject_reason, rej.txn_id, rej.version) == \
-                (C.CmType.REJECT, C.CmReject.BAD_VERSION, 0x5EED, 2)
+                (C.CmType.REJECT, C.CmReject.BAD_VERSION, 0x5EED, 3)
     assert b.ctx.status()["qps"] == []
+
+
+def test_fitted_mtu_needs_both_offers_and_a_valid_size(sides):
+    """CM-14 from the target's side, with raw CONNECT_REQs: an offer of 21 x 64 bytes gets an
+    answer that offers the target's own (21 at link MTU 1500) and a QP at 1344; a MetaRoCE
+    request without an offer (mtu64 0) gets none back and the IB enum's 1024; an offer outside
+    256 .. 4096 bytes is refused INVALID_PARAMS (CM-10)."""
+    from metaroce.wire import consts as C
+    from metaroce.wire.headers import CMETH
+    view, a, b = sides
+    b.close()
+    b.__init__(view, "h2", "metaroce")        # an earlier test may have left it in roce mode
+    for k, (mtu64, want) in enumerate(((21, 1344), (0, 1024), (64, 1344), (3, None),
+                                       (65, None))):
+        req = CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=0x600 + k, qpn=0x11, start_psn=1,
+                    mtu=5, caps=3, window_pkts=128, mtu64=mtu64,
+                    gid=bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 1])).pack() + b"\0\0"
+        out = {}
+        t = threading.Thread(target=serve, args=(b, out, 18640 + k))
+        t.start()
+        got = _raw_exchange(a, view, 18640 + k, req)
+        t.join(15)
+        rep = CMETH.parse(got[:C.CMETH_LEN])
+        if want is None:
+            assert (rep.cm_type, rep.reject_reason) == (C.CmType.REJECT,
+                                                        C.CmReject.INVALID_PARAMS), rep
+            continue
+        assert rep.cm_type == C.CmType.CONNECT_REP and rep.caps & 3 == 3, rep
+        assert rep.mtu64 == (21 if mtu64 else 0) and rep.mtu == 3, rep
+        assert "no READY" in str(out.get("error")), out      # the raw client never confirms
+    assert b.ctx.status()["qps"] == []
+
+
+def test_a_version_2_target_gets_a_retry_in_version_2(sides):
+    """VER-2: the initiator asks in version 3; a target that implements version 2 only answers
+    REJECT BAD_VERSION in version 2, and the initiator retries once in version 2 with a new
+    transaction: the connection is MetaRoCE all the same, at the IB enum's MTU (a version-2 block
+    has no fitted MTU offer, CM-14), and moves data."""
+    view, a, b = sides
+    b.close()
+    b.__init__(view, "h2", "metaroce")
+    listening = {}
+
+    def serve_twice():              # the rejected attempt, then the retry, on one listener
+        try:
+            with cm.listen(b.ctx, 18650, version=2) as lis:
+                try:
+                    lis.accept(pd=b.pd, send_cq=b.cq, timeout_s=10)
+                except cm.CmError as exc:
+                    listening["first"] = str(exc)
+                listening["conn"] = lis.accept(pd=b.pd, send_cq=b.cq, timeout_s=10,
+                                               private_data=b"srv:" + b.mr.rkey.to_bytes(4, "big"))
+        except Exception as exc:  # noqa: BLE001 (handed to the test)
+            listening["error"] = exc
+    t = threading.Thread(target=serve_twice)
+    t.start()
+    import time
+    for _ in range(50):
+        try:
+            ca = cm.connect(a.ctx, ip_of(view, "h2"), 18650, pd=a.pd, send_cq=a.cq)
+            break
+        except cm.CmError as exc:
+            if "refused" not in str(exc):
+                raise
+            time.sleep(0.05)
+    t.join(15)
+    cb = listening["conn"]
+    assert "version 3" in listening["first"], listening
+    assert ca.version == cb.version == 2 and ca.txn_id == cb.txn_id
+    assert ca.mode == cb.mode == "metaroce"
+    assert ca.remote["mtu"] == cb.remote["mtu"] == 1024
+    write_and_check(a, b, ca, 100000)
+    ca.close()
+    cb.close()

@@ -44,7 +44,8 @@ def test_compat_target_answers_compat_unless_mandatory():
     ({"caps": Cap.MULTIPATH, "max_paths": 0}, C.CmReject.INVALID_PARAMS),
     ({"caps": Cap.MULTIPATH, "max_paths": 65}, C.CmReject.INVALID_PARAMS),
     ({"caps": 3, "window_pkts": 0}, C.CmReject.INVALID_PARAMS),
-    ({"version": 1}, C.CmReject.BAD_VERSION), ({"version": 3}, C.CmReject.BAD_VERSION)])
+    ({"version": 1}, C.CmReject.BAD_VERSION), ({"version": 4}, C.CmReject.BAD_VERSION),
+    ({"mtu64": 3}, C.CmReject.INVALID_PARAMS), ({"mtu64": 65}, C.CmReject.INVALID_PARAMS)])
 def test_invalid_requests(fields, reason):
     """CM-10 and VER-2 (version)."""
     with pytest.raises(N.Rejected) as e:
@@ -58,6 +59,22 @@ def test_gids_and_mtu():
     assert N.ip_of(N.gid_of("10.0.0.1")) == "10.0.0.1"
     assert N.ip_of(N.gid_of("fd00::2")) == "fd00::2"
     assert N.path_mtu(4096, 3) == 1024 and N.path_mtu(1024, 5) == 1024      # CM-1
+
+
+def test_fitted_mtu():
+    """CM-14: on a MetaRoCE connection whose two CMETHs (version 3) both offered a fitted MTU,
+    the smaller of the two; otherwise the IB enum's rule (CM-1), in compat mode always."""
+    assert N.path_mtu(1024, 5, 1344, 21, caps=3) == 1344
+    assert N.path_mtu(1024, 5, 1344, 64, caps=3) == 1344
+    assert N.path_mtu(4096, 5, 4096, 21, caps=3) == 1344
+    assert N.path_mtu(1024, 5, 1344, 0, caps=3) == 1024          # the peer offered none
+    assert N.path_mtu(1024, 5, 0, 21, caps=3) == 1024            # this end offered none
+    assert N.path_mtu(1024, 5, 1344, 21, caps=0) == 1024         # compat: the enum
+    assert N.mtu64_of(1344, 3) == 21 and N.mtu64_of(1344, 0) == 0
+    assert N.mtu64_of(1344, 3, peer_offered=False) == 0 and N.mtu64_of(0, 3) == 0
+    assert C.path_mtu_ok(1344, True) and not C.path_mtu_ok(1344, False)
+    assert not C.path_mtu_ok(1000, True) and not C.path_mtu_ok(4160, True)
+    assert all(C.path_mtu_ok(m, False) for m in (256, 512, 1024, 2048, 4096))
     assert N.offer("metaroce", 0) == 3 and N.offer("roce") == 0
     assert N.offer("metaroce") == 3 | Cap.MULTIPATH                       # MP-1 by default
 
@@ -91,11 +108,16 @@ def test_cmeth_magic_and_prefix():
     b = req(caps=3).pack()
     assert len(b) == C.CMETH_LEN == 52 and b[:4] == b"MRCM"
     assert CMETH.parse(b) == req(caps=3)
-    assert CMETH.prefix(b) == {"cm_type": 1, "version": 2, "reject_reason": 0, "txn_id": 7}
-    other = b[:5] + bytes([3]) + b[6:]                  # a version-3 block
-    assert CMETH.prefix(other)["version"] == 3
+    assert CMETH.prefix(b) == {"cm_type": 1, "version": 3, "reject_reason": 0, "txn_id": 7}
+    other = b[:5] + bytes([4]) + b[6:]                  # a version-4 block
+    assert CMETH.prefix(other)["version"] == 4
+    v2 = CMETH.parse(b[:5] + bytes([2]) + b[6:])        # version 2: the same but byte 31
+    assert v2.version == 2 and v2.mtu64 == 0
+    fitted = req(caps=3, mtu64=21).pack()               # CM-14: byte 31 in version 3
+    assert fitted[31] == 21 and CMETH.parse(fitted).mtu64 == 21
     from metaroce.wire import ParseError
-    for bad in (other, b"XRCM" + b[4:], bytes(52)):
+    for bad in (other, b"XRCM" + b[4:], bytes(52),
+                fitted[:5] + bytes([2]) + fitted[6:]):  # byte 31 is reserved in version 2
         with pytest.raises(ParseError) as e:
             CMETH.parse(bad)
         assert e.value.reason.value == "bad_field"

@@ -63,7 +63,7 @@ def test_every_source_key_exists():
             assert key in qp_keys, name
     assert set(DROP_REASONS) <= set(RX_REASONS)
     assert PORT_COUNTERS == ("rcv_packets", "rcv_bytes", "xmit_packets", "xmit_bytes",
-                             "rcv_icrc_checked", "rcv_csum_checked", "rcv_multi_buf")
+                             "rcv_icrc_checked", "rcv_csum_checked", "rcv_multi_buf", "rcv_steered")
 
 
 def test_rdma_style_lines():
