@@ -51,6 +51,7 @@ bench: setup
 	$(VENV)/bin/pip install -q -e '.[bench,torch]'
 	$(PY) tools/bench/vs_tcp.py --quick
 	$(PY) tools/bench/vs_tcp.py --quick --steer
+	$(PY) tools/bench/vs_tcp.py --quick --rx-cpus all
 	$(PY) tools/bench/vs_tcp.py --quick --mtu 9000
 	$(PY) tools/bench/vs_tcp.py --quick --mtu 9000 --steer
 	$(PY) tools/bench/loss_sweep.py --quick

@@ -138,6 +138,10 @@ def status(dev, netns, as_json):
                    f"delay target +{cc['target_qdelay_us']:g} us")
     elif cc:
         click.echo("  congestion control: off (fixed windows)")
+    b = st.get("bpf_build", {})
+    if b.get("verified_insns"):
+        click.echo(f"  BPF: {b['source']} build {b['key']}, the verifier walked "
+                   f"{b['verified_insns']:,} of its {b['verifier_budget']:,} instructions")
     steer = st.get("rx_steering", "off")
     if isinstance(steer, dict):
         per = ", ".join(f"CPU {c}: {n}" for c, n in steer["qps_per_cpu"].items())

@@ -44,12 +44,16 @@ def _size(text: str) -> int:
               help="The end-to-end check to ask for: csum takes the IPv4/UDP checksums in "
                    "place of the ICRC when both devices accept them (metaroce up --integrity "
                    "csum, spec 5.7); icrc keeps the ICRC [default: what the device accepts].")
+@click.option("-m", "--mtu", type=click.IntRange(256, 4096), default=None,
+              help="The largest path MTU this side offers (perftest's -m): an IB MTU, or on a "
+                   "MetaRoCE connection a multiple of 64 bytes (spec CM-14); the connection "
+                   "takes the smaller of both sides' [default: what the device takes].")
 @click.option("-a", "--all", "all_sizes", is_flag=True, help="All sizes 2 B .. 8 MiB.")
 @click.option("-p", "--port", type=click.IntRange(1, 65535), default=18515, show_default=True)
 @click.option("--cpu", type=click.IntRange(0, 4095), default=None, help="Pin to this CPU.")
 @json_option
 def perf(test, address, dev, netns, size, iters, duration, qps, tx_depth, mode, integrity,
-         all_sizes, port, cpu, as_json):
+         mtu, all_sizes, port, cpu, as_json):
     """perftest-style RDMA bandwidth and latency (server without ADDRESS, client with it)."""
     from ..perf import report  # noqa: PLC0415 (keep `metaroce --help` fast)
     from ..perf.run import Options, run_client, serve  # noqa: PLC0415
@@ -59,7 +63,7 @@ def perf(test, address, dev, netns, size, iters, duration, qps, tx_depth, mode, 
     if qps > 1 and test.endswith("lat"):
         raise click.BadParameter("latency tests use one QP", param_hint="-q")
     o = Options(test=test, dev=dev, netns=netns, address=address, size=_size(size), iters=iters,
-                duration=duration, qps=qps, mode=mode, integrity=integrity,
+                duration=duration, qps=qps, mode=mode, integrity=integrity, mtu=mtu,
                 all_sizes=all_sizes, port=port,
                 tx_depth=tx_depth, cpu=cpu)
     if address is None:

@@ -128,13 +128,15 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
              recv_cq: CQ | None = None, cap: QPCap | None = None, mode: str | None = None,
              mandatory: bool = False, private_data: bytes = b"", timeout_s: float = 5.0,
              paths: int | None = None, integrity: str | None = None,
-             version: int = C.CM_VERSION, **attr) -> Connection:
+             version: int = C.CM_VERSION, mtu: int | None = None, **attr) -> Connection:
     """Connect to a listener at ip:port. mode: what to ask for (default: what the device
     offers); mandatory: fail instead of falling back to RoCEv2 (CM-6); paths: how many paths
     (UDP source ports) a MetaRoCE connection may spray over (MP-1; default 4, 0: one fixed
     port, no MULTIPATH); integrity: "icrc" keeps the ICRC even where both devices accept the
     checksums, "csum" (or None, the default) offers CSUM when this device accepts it (INT-1:
-    the connection takes it only when the peer's does too)."""
+    the connection takes it only when the peer's does too); mtu: the largest path MTU this end
+    offers, in bytes (an IB MTU, and on a MetaRoCE connection a fitted one, CM-14; default:
+    what the device takes)."""
     try:
         paths = N.local_paths(paths)
     except ValueError as exc:
@@ -175,7 +177,7 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
     ch = Channel(s, f"{ip} port {port}")
     qp = QP(pd, QPInitAttr(send_cq, recv_cq or send_cq, cap or QPCap()))
     try:
-        local_mtu, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
+        local_mtu, fitted = _mtu_offers(dev, mtu)
         txn = secrets.randbits(32)
         req = _request(qp, txn, N.offer(want, paths, offer_int), local_mtu,
                        N.gid_of(_local_ip(qp, family)), attr, paths, fitted, version)
@@ -235,6 +237,19 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
         raise
 
 
+def _mtu_offers(dev: dict, cap: int | None) -> tuple[int, int]:
+    """This end's two offers (CM-1, CM-14): the largest IB MTU and the largest fitted MTU its
+    device takes, neither above cap bytes (None: no cap)."""
+    enum, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
+    if cap is None:
+        return enum, fitted
+    if not C.FITTED_MTU_MIN <= cap <= C.FITTED_MTU_MAX:
+        raise CmError(f"mtu must be {C.FITTED_MTU_MIN} .. {C.FITTED_MTU_MAX} bytes, not {cap!r}")
+    enum = max([m for m in C.MTU_CODES.values() if m <= min(enum, cap)] or [C.FITTED_MTU_MIN])
+    fitted = min(fitted, cap // C.FITTED_MTU_UNIT * C.FITTED_MTU_UNIT) if fitted else 0
+    return enum, fitted
+
+
 def _integrity_offer(dev: dict, asked: str | None) -> str:
     """What this end offers or accepts (INT-1): the checksums only when its device accepts
     them and the application did not ask for the ICRC."""
@@ -285,7 +300,7 @@ class Listener:
     def accept(self, *, pd: PD, send_cq: CQ, recv_cq: CQ | None = None,
                cap: QPCap | None = None, private_data: bytes = b"", timeout_s: float | None = None,
                allow_metaroce: bool = True, paths: int | None = None,
-               integrity: str | None = None, **attr) -> Connection:
+               integrity: str | None = None, mtu: int | None = None, **attr) -> Connection:
         """One connection; paths: the most paths this end sprays over (MP-1; default 4, 0
         refuses MULTIPATH); integrity: "icrc" refuses CSUM even where this device accepts it
         (None: the device's choice, INT-1)."""
@@ -335,7 +350,7 @@ class Listener:
                 _reject(ch, req, C.CmReject.NO_RESOURCES)
                 raise CmError(f"rejected {peer}: no QP ({exc})") from None
             mode = N.mode_of(caps)
-            local_mtu, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
+            local_mtu, fitted = _mtu_offers(dev, mtu)
             my_mtu64 = N.mtu64_of(fitted, caps, peer_offered=bool(req.mtu64))
             remote = {"qpn": req.qpn, "psn": req.start_psn, "ip": N.ip_of(req.gid),
                       "mtu": N.path_mtu(local_mtu, req.mtu, my_mtu64 * C.FITTED_MTU_UNIT,

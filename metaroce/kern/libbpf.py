@@ -38,6 +38,23 @@ def _check(rv: int, what: str) -> int:
     return rv
 
 
+PROG_INFO_SIZE = 232                 # struct bpf_prog_info (uapi, Linux 6.1 and later)
+_VERIFIED_INSNS_OFF = 216            # its verified_insns (Linux 5.16)
+VERIFIER_BUDGET = 1_000_000          # BPF_COMPLEXITY_LIMIT_INSNS: instructions the verifier walks
+
+
+def prog_verified_insns(fd: int) -> int | None:
+    """How many instructions the verifier processed to load the program (its walk of every
+    path, which BPF_COMPLEXITY_LIMIT_INSNS bounds), or None on a kernel that does not say."""
+    info = ctypes.create_string_buffer(PROG_INFO_SIZE)
+    n = ctypes.c_uint32(PROG_INFO_SIZE)
+    f = lib().bpf_obj_get_info_by_fd
+    f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
+    if f(fd, info, ctypes.byref(n)) or n.value < _VERIFIED_INSNS_OFF + 4:
+        return None
+    return int.from_bytes(info.raw[_VERIFIED_INSNS_OFF:_VERIFIED_INSNS_OFF + 4], "little") or None
+
+
 def obj_pin(fd: int, path: str) -> None:
     _check(lib().bpf_obj_pin(fd, path.encode()), f"bpf_obj_pin {path}")
 

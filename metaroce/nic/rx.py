@@ -152,6 +152,11 @@ class RxPath:
         else:
             self.prog = load(self.bpf, "nic_rx", "xdp.frags")
         self.prog_fd = self.prog.fd
+        # the verifier's walk of the program that runs every frame's checks (nic_rx, or
+        # nic_rx_cpu behind the steering), against its budget: what is left for new checks
+        big = cpu_prog.fd if rx_cpus else self.prog_fd
+        self.build_info["verified_insns"] = libbpf.prog_verified_insns(big)
+        self.build_info["verifier_budget"] = libbpf.VERIFIER_BUDGET
         self._mrs_fd = self.bpf[b"mrs"].map_fd
         self._info_fd = self.bpf[b"mr_infos"].map_fd
         self._qps = self.bpf[b"qps"]

@@ -41,6 +41,7 @@ class Options:
     qps: int = 1
     mode: str | None = None
     integrity: str | None = None    # "icrc": keep the ICRC where both devices take CSUM
+    mtu: int | None = None          # the largest path MTU this side offers (perftest's -m)
     all_sizes: bool = False
     port: int = 18515            # perftest's default port (-p), not the CM's
     tx_depth: int = 128
@@ -165,7 +166,7 @@ def serve(o: Options, log=lambda m: None) -> dict:
                 s.conns.append(lis.accept(pd=s.pd, send_cq=s.cq, private_data=s.private(),
                                           cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
                                           timeout_s=120, allow_metaroce=o.mode != "roce",
-                                          integrity=o.integrity))
+                                          integrity=o.integrity, mtu=o.mtu))
         info = s.info()
         if o.test == "send-bw":
             _serve_send_bw(s)
@@ -250,7 +251,8 @@ def _connect(s: Side, o: Options, log) -> cm.Connection:
         try:
             return cm.connect(s.ctx, o.address, o.port, pd=s.pd, send_cq=s.cq,
                               cap=QPCap(max_send_wr=4096, max_recv_wr=RX_DEPTH),
-                              mode=o.mode, integrity=o.integrity, private_data=s.private(),
+                              mode=o.mode, integrity=o.integrity, mtu=o.mtu,
+                              private_data=s.private(),
                               timeout_s=10)
         except cm.ConnectionRefused:
             if time.monotonic() >= deadline:

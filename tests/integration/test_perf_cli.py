@@ -82,3 +82,19 @@ def test_errors(lab):
     p = subprocess.run(METAROCE + ["perf", "write-lat", "--dev", "eth0", "-D", "3"],
                        capture_output=True, text=True, env=ENV, timeout=60)
     assert p.returncode == 2 and "-D" in p.stderr
+
+
+def test_mtu_is_fitted_in_metaroce_mode_and_m_caps_it(lab):
+    """CM-14: a MetaRoCE connection runs at the fitted path MTU (1344 at the lab's link MTU
+    1500), RoCEv2 mode at the IB enum's 1024; perftest's -m caps what a side offers (the
+    connection takes the smaller of both sides', so the client's -m alone suffices)."""
+    for args, want in (((), 1344), (("-m", "1024"), 1024), (("-m", "1100"), 1088),
+                       (("--mode", "roce"), 1024)):
+        cli, srv = pair_run(lab, "write-bw", "-s", "64k", "-n", "32", "--json", *args,
+                            port=18960 + want % 37)
+        assert cli.returncode == 0 and srv.returncode == 0, cli.stderr + srv.stderr
+        c, s = json.loads(cli.stdout), json.loads(srv.stdout)
+        assert c["mtu"] == s["mtu"] == want, (args, c["mtu"], s["mtu"])
+    p = subprocess.run(METAROCE + ["perf", "write-bw", "--dev", "eth0", "-m", "100"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 2 and "-m" in p.stderr and p.stderr.count("\n") <= 2

@@ -109,8 +109,14 @@ def test_one_queue_is_not_steered_unless_asked_and_compat_order_survives(lab_nam
     view = core.LabView(lab_name)
     try:
         with daemons(view, mode="roce"):
-            assert status(view, "h1")["rx_steering"] == "off"
+            st = status(view, "h1")
+            assert st["rx_steering"] == "off"
+            plain = st["bpf_build"]["verified_insns"]
         with daemons(view, mode="roce", rx_cpus="1") as devs:
+            # nic_rx_cpu is nic_rx with one redirect after every path has returned: the
+            # verifier's walk of it must not grow (the budget is 1,000,000, and nearly used)
+            build = status(view, "h1")["bpf_build"]
+            assert plain and build["verified_insns"] <= plain + 1000 <= build["verifier_budget"]
             pin_to_cpu0(devs[0])          # h1 sends from CPU 0: its frames reach h2 there
             qpn, q = run_ops(view, "roce")
             assert q["rx_cpu"] == 1

@@ -52,7 +52,7 @@ def stop_daemons(devs) -> None:
 
 @contextmanager
 def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500, integrity: str = "icrc",
-              steer: bool = False):
+              steer: bool = False, rx_cpus: str = "auto"):
     view = fresh_lab(name, "pair", mtu=mtu, steer=steer)
     ns1, ns2 = (view.plan.node(h).netns for h in ("h1", "h2"))
     ip1, ip2 = (view.plan.node(h).iface("eth0").ipv4.split("/")[0] for h in ("h1", "h2"))
@@ -61,7 +61,8 @@ def two_hosts(name: str, mode: str = "metaroce", mtu: int = 1500, integrity: str
     try:
         pids = []
         for dev in devs:
-            pids.append(d.start_background(dev, mode, integrity=integrity)["pid"])
+            pids.append(d.start_background(dev, mode, integrity=integrity,
+                                           rx_cpus=rx_cpus)["pid"])
             started.append(dev)
         yield TwoHosts(view, ns1, ns2, ip1, ip2, pids)
     finally:

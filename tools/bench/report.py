@@ -22,31 +22,45 @@ def g(x, scale=1.0, fmt="{:.3g}"):
 def vs_tcp(doc) -> list[str]:
     r = doc["results"]
     steer = doc.get("steer", False)      # results from before steering ran without it
+    pm = doc.get("pmtu")                 # results from before the fitted MTU have none
+    enum_col = "mr_csum_enum_bps" in r
+    csum = "MetaRoCE mode, CSUM" + (f", PMTU {pm['metaroce']}" if pm else "")
+    heads = ["TCP", "MetaRoCE mode, ICRC" + (f", PMTU {pm['metaroce']}" if pm else ""), csum,
+             *([f"MetaRoCE mode, CSUM, PMTU {pm['roce']} (IB enum)"] if enum_col else []),
+             "RoCEv2 mode" + (f", PMTU {pm['roce']}" if pm else "")]
+    blank = " |" * (len(heads) - 3)          # the cells after the CSUM column
+
+    def row(name, tcp, mr, mr_csum, enum, roce):
+        cells = [tcp, mr, mr_csum, *([enum] if enum_col else []), roce]
+        return f"| {name} | " + " | ".join(cells) + " |"
+    rx = doc.get("rx_cpus", "auto")
     out = [f"### MetaRoCE vs TCP, MTU {doc.get('mtu', 1500)}"
-           f"{', switches forwarding on the next CPU (lab up --steer)' if steer else ''}",
-           "", f"`sudo .venv/bin/python tools/bench/vs_tcp.py --quick --mtu {doc.get('mtu', 1500)}"
-           f"{' --steer' if steer else ''}`"
+           f"{', switches forwarding on the next CPU (lab up --steer)' if steer else ''}"
+           f"{'' if rx == 'auto' else f', receive steering by QP (metaroce up --rx-cpus {rx})'}",
+           "", f"`sudo .venv/bin/python tools/bench/vs_tcp.py "
+           f"{'--full' if doc['runs'] == 7 else '--quick'} --mtu {doc.get('mtu', 1500)}"
+           f"{' --steer' if steer else ''}{'' if rx == 'auto' else ' --rx-cpus ' + rx}`"
            f" — {doc['machine']['host']}, kernel {doc['machine']['kernel']}, "
            f"{doc['machine']['cpus']} CPUs, {doc['date']}; median (min–max) of {doc['runs']} runs "
            f"of {doc['seconds']} s", "",
-           "| | TCP | MetaRoCE mode, ICRC | MetaRoCE mode, CSUM | RoCEv2 mode |",
-           "|---|---|---|---|---|",
-           f"| WRITE 1 MiB / iperf3, Gbit/s | {g(r['tcp_bps'], 1e-9)} | {g(r['mr_bps'], 1e-9)} | "
-           f"{g(r.get('mr_csum_bps'), 1e-9)} | {g(r['roce_bps'], 1e-9)} |",
-           f"| CPU-seconds per GiB (whole machine) | {g(r['tcp_cpu_s_per_gib'])} | "
-           f"{g(r['mr_cpu_s_per_gib'])} | {g(r.get('mr_csum_cpu_s_per_gib'))} | "
-           f"{g(r['roce_cpu_s_per_gib'])} |",
+           "| | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads),
+           row("WRITE 1 MiB / iperf3, Gbit/s", g(r['tcp_bps'], 1e-9), g(r['mr_bps'], 1e-9),
+               g(r.get('mr_csum_bps'), 1e-9), g(r.get('mr_csum_enum_bps'), 1e-9),
+               g(r['roce_bps'], 1e-9)),
+           row("CPU-seconds per GiB (whole machine)", g(r['tcp_cpu_s_per_gib']),
+               g(r['mr_cpu_s_per_gib']), g(r.get('mr_csum_cpu_s_per_gib')),
+               g(r.get('mr_csum_enum_cpu_s_per_gib')), g(r['roce_cpu_s_per_gib'])),
            f"| 64 B half round trip p50, µs | {g(r['tcp_lat_p50_us'])} | "
-           + (f"| {g(r['mr_lat_p50_us'])} | |" if "mr_csum_bps" in r else
+           + (f"| {g(r['mr_lat_p50_us'])} |{blank}" if "mr_csum_bps" in r else
               f"{g(r['mr_lat_p50_us'])} | | |"),
            f"| 64 B half round trip p99, µs | {g(r['tcp_lat_p99_us'])} | "
-           + (f"| {g(r['mr_lat_p99_us'])} | |" if "mr_csum_bps" in r else
+           + (f"| {g(r['mr_lat_p99_us'])} |{blank}" if "mr_csum_bps" in r else
               f"{g(r['mr_lat_p99_us'])} | | |"),
            *([f"| share of the busy CPU time on the less busy CPU | "
-              f"{g(r['tcp_second_cpu_share'])} | | {g(r['mr_csum_second_cpu_share'])} | |"]
+              f"{g(r['tcp_second_cpu_share'])} | | {g(r['mr_csum_second_cpu_share'])} |{blank}"]
              if "mr_csum_second_cpu_share" in r else []),
            *([f"| TCP on a bare veth pair (no XDP, GSO/GRO): Gbit/s, 64 B p50 µs | "
-              f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} | | | |"]
+              f"{g(r['bare_tcp_bps'], 1e-9)}, {g(r['bare_tcp_lat_p50_us'])} |" + " |" * (len(heads) - 1)]
              if "bare_tcp_bps" in r else []),
            "", "Ratios (MetaRoCE / TCP): " + ", ".join(f"{k} **{v}**" for k, v in
                                                      doc["ratios"].items()), ""]

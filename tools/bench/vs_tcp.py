@@ -6,6 +6,9 @@ A two-host lab; both MetaRoCE daemons up; then, alternating within each repetiti
   - RDMA WRITE 1 MiB, one QP: `metaroce perf write-bw` in MetaRoCE mode with each end-to-end
     check (the ICRC, and the IPv4/UDP checksums of the option CSUM, spec 5.7: both daemons run
     `--integrity csum`, and each connection asks for its check) and in RoCEv2 mode (ICRC);
+    MetaRoCE connections take the fitted path MTU (spec CM-14: 1344 at MTU 1500), and where
+    that differs from the IB enum's, the CSUM run once more at the enum's (`perf -m`, so the
+    fitted MTU's own effect is in the same run);
   - round trip of 64 bytes: sockperf ping-pong over TCP vs `metaroce perf write-lat`
     (MetaRoCE mode, CSUM);
   - CPU seconds per GiB moved, from the whole machine's /proc/stat over the transfer only (XDP
@@ -17,7 +20,11 @@ MetaRoCE / TCP against both. Every client runs on
 CPU 0 and every server on CPU 1, TCP and MetaRoCE alike (the MetaRoCE daemons are not pinned:
 they are the NIC); numbers are from a shared 2-vCPU VM: compare ratios.
 
-    sudo .venv/bin/python tools/bench/vs_tcp.py [--quick | --full] [--json] [--out FILE]
+With --rx-cpus all both daemons steer each QP's frames to one CPU (issue 21 item 3; the
+results file then says so in its name).
+
+    sudo .venv/bin/python tools/bench/vs_tcp.py [--quick | --full] [--mtu N] [--steer]
+        [--rx-cpus all] [--json] [--out FILE]
 """
 
 from __future__ import annotations
@@ -124,17 +131,28 @@ def main() -> int:
                     help="lab link MTU (3498 is the largest native XDP on veth takes: PMTU 2048)")
     ap.add_argument("--steer", action="store_true",
                     help="the lab's switches forward on the next CPU (lab up --steer)")
+    ap.add_argument("--rx-cpus", default="auto",
+                    help="the daemons' receive steering (metaroce up --rx-cpus): all hands each "
+                         "QP's frames to one CPU through a cpumap (issue 21 item 3)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="default tools/bench/results/vs_tcp_mtuN.json")
     a = ap.parse_args()
     runs, secs = (7, 5) if a.full else (3, 2)
+    from metaroce.nic.device import largest_fitted_pmtu, largest_pmtu  # noqa: PLC0415
+    enum, fitted = largest_pmtu(a.mtu, 8192), largest_fitted_pmtu(a.mtu, 8192)
+    contenders = [("metaroce", "icrc", "mr", []), ("metaroce", "csum", "mr_csum", []),
+                  ("roce", "icrc", "roce", [])]
+    if fitted != enum:                 # the fitted MTU's own effect, side by side
+        contenders.insert(2, ("metaroce", "csum", "mr_csum_enum", ["-m", str(enum)]))
     res = {k: [] for k in ("tcp_bps", "mr_bps", "mr_csum_bps", "roce_bps", "tcp_second_cpu_share",
                            "mr_csum_second_cpu_share", "tcp_cpu_s_per_gib",
                            "mr_cpu_s_per_gib", "mr_csum_cpu_s_per_gib", "roce_cpu_s_per_gib",
                            "tcp_lat_p50_us",
                            "tcp_lat_p99_us", "mr_lat_p50_us", "mr_lat_p99_us",
                            "bare_tcp_bps", "bare_tcp_lat_p50_us")}
-    with two_hosts(LAB, mtu=a.mtu, integrity="csum", steer=a.steer) as lab, \
+    if fitted != enum:
+        res.update({"mr_csum_enum_bps": [], "mr_csum_enum_cpu_s_per_gib": []})
+    with two_hosts(LAB, mtu=a.mtu, integrity="csum", steer=a.steer, rx_cpus=a.rx_cpus) as lab, \
             bare_veth("benchbare", mtu=a.mtu) as bare:
         ns1, ns2, ip = lab.ns1, lab.ns2, lab.ip2
         gib = 1 << 30
@@ -144,15 +162,16 @@ def main() -> int:
             res["tcp_second_cpu_share"].append(share)
             res["tcp_bps"].append(t["bps"])
             res["tcp_cpu_s_per_gib"].append(cpu / (t["bytes"] / gib))
-            for i, (mode, check, key) in enumerate((("metaroce", "icrc", "mr"),
-                                                    ("metaroce", "csum", "mr_csum"),
-                                                    ("roce", "icrc", "roce"))):
+            for i, (mode, check, key, extra) in enumerate(contenders):
                 doc, share = second_cpu_share(lambda: perf(
                     ns1, ns2, ip, "write-bw", ["-s", "1m", "-D", str(secs), "--mode", mode,
-                                               "--integrity", check], 18800 + 3 * r + i))
+                                               "--integrity", check, *extra],
+                    18800 + 4 * r + i))
                 if key == "mr_csum":
                     res["mr_csum_second_cpu_share"].append(share)
                 assert doc.get("integrity", check) == check, doc.get("integrity")
+                want = fitted if mode == "metaroce" and not extra else enum
+                assert doc.get("mtu", want) == want, (key, doc.get("mtu"), want)
                 res[f"{key}_bps"].append(doc["bw_avg_bps"])
                 res[f"{key}_cpu_s_per_gib"].append(doc["cpu_s_per_gib"])   # the timed loop only
             lat = sockperf(ns1, ns2, ip, secs)
@@ -177,11 +196,15 @@ def main() -> int:
                   med["mr_csum_bps"] / med["bare_tcp_bps"],
               "lat_p50_metaroce_over_bare_veth_tcp":
                   med["mr_lat_p50_us"] / med["bare_tcp_lat_p50_us"]}
+    if fitted != enum:
+        ratios["write_bw_fitted_over_enum_pmtu_csum"] = med["mr_csum_bps"] / med["mr_csum_enum_bps"]
     doc = {**header("vs_tcp"), "runs": runs, "seconds": secs, "mtu": a.mtu,
-           "steer": a.steer, "results": out,
+           "pmtu": {"metaroce": fitted, "roce": enum},
+           "steer": a.steer, "rx_cpus": a.rx_cpus, "results": out,
            "ratios": {k: round(v, 3) for k, v in ratios.items()}}
     a.out = a.out or os.path.join(HERE, "results", f"vs_tcp_mtu{a.mtu}"
-                                  f"{'_steer' if a.steer else ''}.json")
+                                  f"{'_steer' if a.steer else ''}"
+                                  f"{'' if a.rx_cpus == 'auto' else '_rxcpus_' + a.rx_cpus}.json")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
