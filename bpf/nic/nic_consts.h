@@ -99,7 +99,9 @@
 
 /* Registered memory is an array map of CHUNK-byte values per MR, mmap-ed by the owner. */
 #define MR_CHUNK 65536
+#ifndef MAX_PAYLOAD
 #define MAX_PAYLOAD 4096          /* largest RoCE path MTU */
+#endif
 
 /* IBV_ACCESS_* (rdma-core verbs.h) */
 #define ACCESS_LOCAL_WRITE (1 << 0)
