@@ -1218,8 +1218,9 @@ static __always_inline int from_peer(const struct roce_pkt *rp, const struct nic
     return 1;
 }
 
-/* The NIC's receive path for one frame. */
-static __always_inline int nic_rx_body(struct xdp_md *ctx)
+/* Stage 1 of the NIC's receive path for one frame: parse, find the QP, check the headers and
+ * the QP's end-to-end integrity check; a frame that passes goes on to stage 2 (nic_rx_act). */
+static __always_inline int nic_rx_check(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
     struct roce_pkt rp;
@@ -1295,6 +1296,35 @@ static __always_inline int nic_rx_body(struct xdp_md *ctx)
             return verdict(RX_BAD_ICRC, XDP_DROP);
 #endif
     }
+    /* checked: the rest runs as a program of its own (a tail call), so that each of the two
+     * stays well inside the verifier's budget of 1,000,000 instructions walked */
+    nic_stages.call(ctx, STAGE_ACT);
+    return verdict(RX_MALFORMED, XDP_DROP);     /* no second stage: never once loaded */
+}
+
+/* Stage 2 of the receive path: a frame of a known QP that passed every check of stage 1
+ * (nic_rx_check, the same frame, a moment earlier on the same CPU) is executed: placed,
+ * answered, reported. The headers are read again (nothing is passed between the stages but
+ * the frame); what stage 1 refused never gets here. */
+static __always_inline int nic_rx_act(struct xdp_md *ctx)
+{
+    void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+    struct roce_pkt rp;
+    struct bth bth;
+    if (parse_roce(data, data_end, &rp) || bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 l4 = rp.udp_len - sizeof(struct udphdr);
+    if (rp.bth_off + l4 > bpf_xdp_get_buff_len(ctx))
+        return verdict(RX_MALFORMED, XDP_DROP);
+    u32 qpn = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
+    u32 psn = bpf_ntohl(bth.psn) & PSN_MASK;
+    int ackreq = !!(bpf_ntohl(bth.psn) & BTH_ACKREQ);
+    u8 op = bth.opcode;
+    u32 pad = (bth.flags >> 4) & 3;
+    struct nic_qp *qp = qps.lookup(&qpn);
+    if (!qp)                                /* destroyed between the two stages */
+        return verdict(RX_UNKNOWN_QP, XDP_DROP);
+    int mr = op >= MR_OPCODE_MIN;
     qp->rx_packets++;
     struct plan pl = {};
     pl.se = bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
@@ -1396,21 +1426,32 @@ static __always_inline int nic_rx_body(struct xdp_md *ctx)
 
 #ifndef NIC_STEER
 /* The program on the device when receive steering is off: every frame is handled on the CPU
- * it arrived on. (One build holds either this or the steering pair, never both: each copy of
- * nic_rx_body doubles the compile.) */
+ * it arrived on; nic_rx_2 is its second stage, in nic_stages. (One build holds either these or
+ * the steering set, never both: each copy of the receive path doubles the compile.) */
 int nic_rx(struct xdp_md *ctx)
 {
-    return nic_rx_body(ctx);
+    return nic_rx_check(ctx);
+}
+
+int nic_rx_2(struct xdp_md *ctx)
+{
+    return nic_rx_act(ctx);
 }
 #else
 
-/* Run by the rx_cpus entry of the CPU a frame was handed to by nic_steer. A cpumap program
- * cannot XDP_TX: a reply leaves by redirect to the device (tx_port). The choice is made once,
- * after every path of the body has returned, so the verifier walks the body as it does
- * nic_rx's (a redirect inside reply() cost ~7,000 more instructions of its budget). */
+/* Run by the rx_cpus entry of the CPU a frame was handed to by nic_steer; nic_rx_cpu_2 is its
+ * second stage. A cpumap program cannot XDP_TX: a reply leaves by redirect to the device
+ * (tx_port). The choice is made once, after every path of the stage has returned, so the
+ * verifier walks it as it does nic_rx_2 (a redirect inside reply() cost ~7,000 more
+ * instructions of its budget). */
 int nic_rx_cpu(struct xdp_md *ctx)
 {
-    int action = nic_rx_body(ctx);
+    return nic_rx_check(ctx);
+}
+
+int nic_rx_cpu_2(struct xdp_md *ctx)
+{
+    int action = nic_rx_act(ctx);
     return action == XDP_TX ? tx_port.redirect_map(0, XDP_DROP) : action;
 }
 

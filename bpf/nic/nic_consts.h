@@ -100,7 +100,8 @@
 /* Registered memory is an array map of CHUNK-byte values per MR, mmap-ed by the owner. */
 #define MR_CHUNK 65536
 #ifndef MAX_PAYLOAD
-#define MAX_PAYLOAD 4096          /* largest RoCE path MTU */
+#define MAX_PAYLOAD 8192          /* largest path MTU: a MetaRoCE connection's fitted one (CM-14;
+                                   * the IB enum's largest is 4096). A power of two. */
 #endif
 
 /* IBV_ACCESS_* (rdma-core verbs.h) */
@@ -184,6 +185,7 @@
 #define MAX_CPUS 64
 #endif
 #define STEER_DEFAULT_KEY 0xFFFFFFFFu
+#define STAGE_ACT 0                 /* nic_stages: the receive path's second stage */
 
 /* nic_qp.integrity: the end-to-end check a QP's received packets pass (spec 5.7, INT-1) */
 #define INT_ICRC 0                /* the RoCEv2 ICRC (CRC-32), every compat QP and the default */

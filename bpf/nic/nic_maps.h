@@ -46,5 +46,8 @@ BPF_PERCPU_ARRAY(csum_scratch, struct csum_scratch, 1);
 BPF_F_TABLE("hash", u32, u32, rx_qp_cpu, MAX_QPS + 1, BPF_F_NO_PREALLOC_);  /* local QPN -> CPU */
 BPF_XDP_REDIRECT_MAP("cpumap", struct bpf_cpumap_val, rx_cpus, MAX_CPUS);  /* CPU -> nic_rx_cpu */
 BPF_DEVMAP(tx_port, 1);              /* the device itself: where nic_rx_cpu's replies leave */
+/* The receive path's second stage (STAGE_ACT: nic_rx_2, or nic_rx_cpu_2 behind the steering),
+ * tail-called once the first has checked the frame */
+BPF_PROG_ARRAY(nic_stages, 1);
 
 #endif

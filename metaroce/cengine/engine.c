@@ -293,7 +293,7 @@ static int attr_ok(const struct mre_qp_attr *a)
 {
     uint32_t m = a->path_mtu;       /* an IB MTU, or a fitted one (CM-14: the caller checks
                                      * that only MetaRoCE QPs get those) */
-    if (m < 256 || m > 4096 || m % 64)
+    if (m < 256 || m > 8192 || m % 64)
         return 0;
     if (a->dest_qpn > PSN_MASK || a->sq_psn > PSN_MASK || a->rq_psn > PSN_MASK)
         return 0;

@@ -49,7 +49,7 @@ class QPAttr:
     dest_qpn: int = 0
     sq_psn: int = 0
     rq_psn: int = 0
-    path_mtu: int = 1024  # bytes, one of 256..4096
+    path_mtu: int = 1024  # bytes: an IB MTU (256..4096) or a fitted one (CM-14)
     timeout: int = 14  # local ACK timeout exponent: 4.096 us x 2^timeout; 0 = infinite
     retry_cnt: int = 7
     rnr_retry: int = 7  # 7 = retry forever
@@ -61,7 +61,7 @@ class QPAttr:
     def validate(self) -> None:
         if not path_mtu_ok(self.path_mtu, True):     # the mode's own rule: the device's
             raise ValueError(f"path_mtu {self.path_mtu} is neither one of "
-                             f"{sorted(MTU_CODES.values())} nor a multiple of 64 in 256 .. 4096")
+                             f"{sorted(MTU_CODES.values())} nor a multiple of 64 in 256 .. 8192")
         for name in ("qpn", "dest_qpn", "sq_psn", "rq_psn"):
             if not 0 <= getattr(self, name) <= PSN_MASK:
                 raise ValueError(f"{name} must be 24-bit")

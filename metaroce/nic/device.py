@@ -54,8 +54,9 @@ def _room(link_mtu: int, frame_cap: int) -> int:
 
 def largest_fitted_pmtu(link_mtu: int, frame_cap: int) -> int:
     """CM-14: the largest fitted path MTU a MetaRoCE connection may use on this device: a
-    multiple of 64 bytes whose packets fit as largest_pmtu's do, 256 .. 4096 (1344 at a link
-    MTU of 1500, where the IB enum gives 1024)."""
+    multiple of 64 bytes whose packets fit as largest_pmtu's do, 256 .. 8192 (1344 at a link
+    MTU of 1500, where the IB enum gives 1024; 8000 at 9000 with two-chunk AF_XDP frames,
+    where it gives 4096)."""
     room = _room(link_mtu, frame_cap) // FITTED_MTU_UNIT * FITTED_MTU_UNIT
     return max(FITTED_MTU_MIN, min(FITTED_MTU_MAX, room))
 
@@ -307,7 +308,7 @@ class Device:
         if want_int not in INTEGRITY:
             raise MetaroceError(f"integrity must be {' or '.join(INTEGRITY)}, not {want_int!r}")
         csum = metaroce and self.integrity == "csum" and want_int == "csum"
-        pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", 4096)),
+        pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", FITTED_MTU_MAX)),
                    self.max_pmtu(fitted=metaroce))
         if not path_mtu_ok(pmtu, metaroce):
             raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)" +

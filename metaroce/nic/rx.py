@@ -138,24 +138,32 @@ class RxPath:
         # frags-aware (BPF_F_XDP_HAS_FRAGS): every read of the packet past its headers is
         # bpf_xdp_load_bytes, so a multi-buffer frame is parsed, checked and placed like any
         # other, and veth runs the program natively at MTU 9000 (issue 21)
-        funcs = ({"nic_steer": "xdp.frags", "nic_rx_cpu": "xdp.cpumap"} if rx_cpus else
-                 {"nic_rx": "xdp.frags"})
+        # the receive path is two programs, the second tail-called by the first once a frame
+        # has passed its checks (each within the verifier's budget: nic_stages)
+        funcs = ({"nic_steer": "xdp.frags", "nic_rx_cpu": "xdp.cpumap",
+                  "nic_rx_cpu_2": "xdp.cpumap"} if rx_cpus else
+                 {"nic_rx": "xdp.frags", "nic_rx_2": "xdp.frags"})
         steer = {"NIC_STEER": 1} if rx_cpus else {}
         self.bpf = build_program("nic/nic.bpf.c", {"MAX_QPS": max_qps, "MAX_MRS": max_mrs,
                                                    **steer, **extra_defines()}, funcs)
         self.build_info = dict(self.bpf.build_info)
         self.steering = None
+        first, second = ("nic_rx_cpu", "nic_rx_cpu_2") if rx_cpus else ("nic_rx", "nic_rx_2")
+        stages = [load(self.bpf, name, funcs[name]) for name in (first, second)]
+        libbpf.map_update_raw(self.bpf[b"nic_stages"].map_fd, struct.pack("=I", 0),
+                              struct.pack("=I", stages[1].fd))
         if rx_cpus:
-            cpu_prog = load(self.bpf, "nic_rx_cpu", "xdp.cpumap")
             self.prog = load(self.bpf, "nic_steer", "xdp.frags")
-            self.steering = RxSteering(self.bpf, cpu_prog.fd, rx_cpus)
+            self.steering = RxSteering(self.bpf, stages[0].fd, rx_cpus)
         else:
-            self.prog = load(self.bpf, "nic_rx", "xdp.frags")
+            self.prog = stages[0]
         self.prog_fd = self.prog.fd
-        # the verifier's walk of the program that runs every frame's checks (nic_rx, or
-        # nic_rx_cpu behind the steering), against its budget: what is left for new checks
-        big = cpu_prog.fd if rx_cpus else self.prog_fd
-        self.build_info["verified_insns"] = libbpf.prog_verified_insns(big)
+        # the verifier's walk of each stage of the receive path against its budget: what is
+        # left for new checks (the larger of the two is what binds)
+        walked = {name: libbpf.prog_verified_insns(f.fd) for name, f in zip((first, second),
+                                                                            stages)}
+        self.build_info["verified_insns_by_program"] = walked
+        self.build_info["verified_insns"] = max((v for v in walked.values() if v), default=None)
         self.build_info["verifier_budget"] = libbpf.VERIFIER_BUDGET
         self._mrs_fd = self.bpf[b"mrs"].map_fd
         self._info_fd = self.bpf[b"mr_infos"].map_fd

@@ -219,7 +219,7 @@ MAX_PATHS = 64
 # IB MTU enum -> bytes
 MTU_CODES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 # CM-14: a MetaRoCE connection's fitted path MTU, any multiple of FITTED_MTU_UNIT in this range
-FITTED_MTU_UNIT, FITTED_MTU_MIN, FITTED_MTU_MAX = 64, 256, 4096
+FITTED_MTU_UNIT, FITTED_MTU_MIN, FITTED_MTU_MAX = 64, 256, 8192
 
 
 def path_mtu_ok(mtu: int, metaroce: bool) -> bool:

@@ -235,14 +235,14 @@ def test_fitted_mtu_needs_both_offers_and_a_valid_size(sides):
     """CM-14 from the target's side, with raw CONNECT_REQs: an offer of 21 x 64 bytes gets an
     answer that offers the target's own (21 at link MTU 1500) and a QP at 1344; a MetaRoCE
     request without an offer (mtu64 0) gets none back and the IB enum's 1024; an offer outside
-    256 .. 4096 bytes is refused INVALID_PARAMS (CM-10)."""
+    256 .. 8192 bytes is refused INVALID_PARAMS (CM-10)."""
     from metaroce.wire import consts as C
     from metaroce.wire.headers import CMETH
     view, a, b = sides
     b.close()
     b.__init__(view, "h2", "metaroce")        # an earlier test may have left it in roce mode
-    for k, (mtu64, want) in enumerate(((21, 1344), (0, 1024), (64, 1344), (3, None),
-                                       (65, None))):
+    for k, (mtu64, want) in enumerate(((21, 1344), (0, 1024), (128, 1344), (3, None),
+                                       (129, None))):
         req = CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=0x600 + k, qpn=0x11, start_psn=1,
                     mtu=5, caps=3, window_pkts=128, mtu64=mtu64,
                     gid=bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 1])).pack() + b"\0\0"

@@ -211,7 +211,7 @@ def test_multi_buffer_frames_are_checked_and_placed_whole(rx):
     """Issue 21: the program is frags-aware (BPF_F_XDP_HAS_FRAGS), so frames larger than a page
     reach it as multi-buffer xdp_buffs (BPF_PROG_TEST_RUN builds them as veth does at MTU 9000).
     Two 4 KiB WRITE packets at PMTU 4096 pass the ICRC and are placed byte for byte across the
-    fragments; an 8 KiB packet is dropped (longer than any path MTU: its ICRC is not
+    fragments; a 9 KiB packet is dropped (longer than any path MTU: its ICRC is not
     verified) and writes nothing; a 9 KB
     frame that is not RoCE passes to the stack."""
     qpn, pmtu = 0x000779, 4096
@@ -238,10 +238,10 @@ def test_multi_buffer_frames_are_checked_and_placed_whole(rx):
         assert bytes(mr.buf[512:512 + len(data)]) == data
         assert rx.qp_state(qpn)["epsn"] == 102
         before = bytes(mr.buf)
-        big = pkt(O.MR_RDMA_WRITE_ONLY, 102, 0, os.urandom(2 * pmtu), 2 * pmtu)
+        big = pkt(O.MR_RDMA_WRITE_ONLY, 102, 0, os.urandom(9216), 9216)
         rc, out, d = run(rx, big)
-        # longer than any path MTU: the ICRC loop covers MAX_PAYLOAD, so it is dropped as
-        # unverifiable before any state is read
+        # longer than any path MTU (MAX_PAYLOAD, 8192: a fitted one, CM-14): the ICRC loop
+        # covers MAX_PAYLOAD, so it is dropped as unverifiable before any state is read
         assert rc == XDP_DROP and d == {"bad_icrc": 1}, d
         assert bytes(mr.buf) == before and rx.qp_state(qpn)["epsn"] == 102
         jumbo = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /

@@ -45,7 +45,7 @@ def test_compat_target_answers_compat_unless_mandatory():
     ({"caps": Cap.MULTIPATH, "max_paths": 65}, C.CmReject.INVALID_PARAMS),
     ({"caps": 3, "window_pkts": 0}, C.CmReject.INVALID_PARAMS),
     ({"version": 1}, C.CmReject.BAD_VERSION), ({"version": 4}, C.CmReject.BAD_VERSION),
-    ({"mtu64": 3}, C.CmReject.INVALID_PARAMS), ({"mtu64": 65}, C.CmReject.INVALID_PARAMS)])
+    ({"mtu64": 3}, C.CmReject.INVALID_PARAMS), ({"mtu64": 129}, C.CmReject.INVALID_PARAMS)])
 def test_invalid_requests(fields, reason):
     """CM-10 and VER-2 (version)."""
     with pytest.raises(N.Rejected) as e:
@@ -73,7 +73,8 @@ def test_fitted_mtu():
     assert N.mtu64_of(1344, 3) == 21 and N.mtu64_of(1344, 0) == 0
     assert N.mtu64_of(1344, 3, peer_offered=False) == 0 and N.mtu64_of(0, 3) == 0
     assert C.path_mtu_ok(1344, True) and not C.path_mtu_ok(1344, False)
-    assert not C.path_mtu_ok(1000, True) and not C.path_mtu_ok(4160, True)
+    assert not C.path_mtu_ok(1000, True) and not C.path_mtu_ok(8256, True)
+    assert C.path_mtu_ok(8000, True) and not C.path_mtu_ok(8000, False)
     assert all(C.path_mtu_ok(m, False) for m in (256, 512, 1024, 2048, 4096))
     assert N.offer("metaroce", 0) == 3 and N.offer("roce") == 0
     assert N.offer("metaroce") == 3 | Cap.MULTIPATH                       # MP-1 by default
