@@ -74,8 +74,9 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
             return PARSE_NOT_ROCE;
         if (ip->protocol != IPPROTO_UDP)
             return PARSE_NOT_ROCE;
-        if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
-            return PARSE_NOT_ROCE;    /* options or fragments: not ours to parse */
+        if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+            return PARSE_NOT_ROCE;    /* not IPv4 (the stack drops it), options or fragments:
+                                       * not ours to parse */
         udp = (void *)(ip + 1);
         rp->ipver = 4;
         rp->ecn = ip->tos & 3;
@@ -85,7 +86,7 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
         struct ipv6hdr *ip6 = (void *)(eth + 1);
         if ((void *)(ip6 + 1) > data_end)
             return PARSE_NOT_ROCE;
-        if (ip6->nexthdr != IPPROTO_UDP)
+        if (ip6->version != 6 || ip6->nexthdr != IPPROTO_UDP)
             return PARSE_NOT_ROCE;
         udp = (void *)(ip6 + 1);
         rp->ipver = 6;

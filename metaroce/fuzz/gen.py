@@ -64,6 +64,8 @@ class Qp:
     sq_psn: int = 0                   # requester side: next PSN it would send
     rd_head: int = 0                  # outstanding READ/ATOMIC the next response answers
     slots: list = field(default_factory=list)   # (first_psn, kind, length) per RD slot
+    pmtu: int = 0                     # its path MTU (0: the target's); a MetaRoCE QP's may be
+                                      # a fitted one (CM-14), beyond the IB enum's 4096
 
 
 @dataclass
@@ -152,6 +154,9 @@ class Generator:
         return struct.pack("!QIQQ", (g.addr + off) & (2**64 - 1), g.rkey, r.getrandbits(64),
                            r.getrandbits(64))
 
+    def _mtu(self, qp: Qp) -> int:
+        return qp.pmtu or self.t.pmtu
+
     def build(self, op: int, qp: Qp, *, psn: int | None = None, length: int | None = None,
               edge: bool = False, v6: bool | None = None, dma_len: int | None = None,
               ackreq: int | None = None) -> bytearray:
@@ -163,14 +168,15 @@ class Generator:
             if not lay.payload:
                 length = 0
             elif name.endswith(("_FIRST", "_MIDDLE")):
-                length = self.t.pmtu
+                length = self._mtu(qp)
             else:
                 length = r.choice((0, 1, 2, 3, 4, 5, 8, 31, 64, 100, 255, 256, 512,
-                                   self.t.pmtu - 1, self.t.pmtu))
+                                   self._mtu(qp) - 1, self._mtu(qp)))
         payload = self._payload(length) if lay.payload else b""
         if dma_len is None:
             if op in (O.RC_RDMA_WRITE_FIRST, O.MR_RDMA_WRITE_FIRST):
-                dma_len = length + self.t.pmtu * r.randrange(1, 4) - r.randrange(0, self.t.pmtu)
+                m = self._mtu(qp)
+                dma_len = length + m * r.randrange(1, 4) - r.randrange(0, m)
             elif op in (O.RC_RDMA_READ_REQUEST, O.MR_RDMA_READ_REQUEST):
                 dma_len = r.choice((0, 1, 8, 64, 1024, 3000))
             else:
@@ -239,14 +245,14 @@ class Generator:
         qp = self._qp()
         write = r.random() < 0.75
         n = r.randrange(2, 6)
-        tail = r.randrange(0, self.t.pmtu + 1)
+        tail = r.randrange(0, self._mtu(qp) + 1)
         ops = ([O.RC_RDMA_WRITE_FIRST] + [O.RC_RDMA_WRITE_MIDDLE] * (n - 2) +
                [r.choice((O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE))]) if write \
             else ([O.RC_SEND_FIRST] + [O.RC_SEND_MIDDLE] * (n - 2) + [O.RC_SEND_LAST])
-        total = self.t.pmtu * (n - 1) + tail
+        total = self._mtu(qp) * (n - 1) + tail
         for i, op in enumerate(ops):
             last = i == n - 1
-            f = self.build(op, qp, length=tail if last else self.t.pmtu, dma_len=total,
+            f = self.build(op, qp, length=tail if last else self._mtu(qp), dma_len=total,
                            v6=False, ackreq=int(last))
             x = r.random()
             if x < 0.06:
@@ -269,13 +275,13 @@ class Generator:
             if kind == RD_ATOMIC:
                 frames.append(self.build(O.RC_ATOMIC_ACKNOWLEDGE, qp, psn=first))
             else:
-                n = max(-(-length // self.t.pmtu), 1)
+                n = max(-(-length // self._mtu(qp)), 1)
                 for i in range(n):
                     op = (O.RC_RDMA_READ_RESPONSE_ONLY if n == 1 else
                           O.RC_RDMA_READ_RESPONSE_FIRST if i == 0 else
                           O.RC_RDMA_READ_RESPONSE_LAST if i == n - 1 else
                           O.RC_RDMA_READ_RESPONSE_MIDDLE)
-                    size = self.t.pmtu if i < n - 1 else length - self.t.pmtu * (n - 1)
+                    size = self._mtu(qp) if i < n - 1 else length - self._mtu(qp) * (n - 1)
                     frames.append(self.build(op, qp, psn=first + i, length=size, v6=False))
         else:
             frames.append(self.build(O.RC_ACKNOWLEDGE, qp))
@@ -298,9 +304,9 @@ class Generator:
                        O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_READ_REQUEST, O.RC_COMPARE_SWAP,
                        O.RC_FETCH_ADD))
         length = r.choice((0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 1000,
-                           self.t.pmtu))
+                           self._mtu(qp)))
         if op == O.RC_RDMA_WRITE_FIRST:
-            length = self.t.pmtu
+            length = self._mtu(qp)
         dma = length
         x = r.random()
         if x < 0.3:                                        # the DMA length lies
@@ -372,7 +378,7 @@ class Generator:
         with a valid ICRC, so that they reach the length checks behind it."""
         r = self.rng
         qp = self._qp()
-        pmtu, big = self.t.pmtu, self.t.max_frame
+        pmtu, big = self._mtu(qp), self.t.max_frame
         x = r.randrange(7)
         if x == 0:                                 # a payload past the path MTU, up to the frame
             op = r.choice((O.RC_RDMA_WRITE_ONLY, O.RC_SEND_ONLY, O.RC_RDMA_WRITE_FIRST,

@@ -609,7 +609,9 @@ class FastPathFuzzer:
                         out, corrupt = _flip(out), None
                     if not icrc_valid(out):
                         st["bad_replies"] += 1
-                        self._fail(st, f"reply with a bad ICRC: {out.hex()[:160]}")
+                        self._fail(st, f"reply with a bad ICRC: {out.hex()[:160]} to a "
+                                       f"{len(frame)}-byte frame (linear part {linear}): "
+                                       f"{frame.hex()[:240]}")
                     else:
                         to = bth_fields(frame)
                         if to is not None and to[2] in CSUM_QPS and \

@@ -32,7 +32,7 @@ import time
 
 from ..lab import core
 from ..nic import daemon as d
-from ..nic.device import largest_pmtu
+from ..nic.device import largest_fitted_pmtu, largest_pmtu
 from ..verbs import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_REMOTE_READ,
                      IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
                      CQ, MR, PD, QP, Context, QPInitAttr, SendWR)
@@ -93,6 +93,8 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
     name = lab or f"fzw{os.getpid() % 10000}"
     t0 = time.monotonic()
     pmtu = 1024 if mtu is None else largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000
+    # the MetaRoCE QP at the fitted path MTU a MetaRoCE connection takes (CM-14: 8000 at 9000)
+    mr_pmtu = pmtu if mtu is None else largest_fitted_pmtu(mtu, 2 * 4096)
     core.up(name, "pair", mtu=mtu or 1500, queues=queues)
     view = core.LabView(name)
     h1, h2 = view.plan.node("h1"), view.plan.node("h2")
@@ -123,9 +125,9 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
         for i, metaroce in enumerate((False, False, False, True)):
             qpn = 0x100000 + (os.getpid() & 0xFFF) * 16 + i
             epsn = (0xFFFFFF - 40 * i) if i < 2 else 1000 * i     # two wrap soon
-            ctx.request("set_qp", qpn=qpn, epsn=epsn, pd=pd.handle, dqpn=0x200 + i, pmtu=pmtu,
-                        metaroce=metaroce)
-            qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn))
+            ctx.request("set_qp", qpn=qpn, epsn=epsn, pd=pd.handle, dqpn=0x200 + i,
+                        pmtu=mr_pmtu if metaroce else pmtu, metaroce=metaroce)
+            qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn, pmtu=mr_pmtu if metaroce else pmtu))
         target = Target(regions, qps, dead_rkeys=[guard.rkey ^ 0x5A5A5A5A, 0, 0xFFFFFFFF],
                         pmtu=pmtu, max_frame=None if mtu is None else mtu + F.ETH_LEN)
         gen = Generator(target, seed)
@@ -153,7 +155,7 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                         if st["state"] == QP_RX_ERROR:     # a fatal NAK: re-arm (as the
                             rearmed += 1                   # BPF_PROG_TEST_RUN harness does)
                             ctx.request("set_qp", qpn=q.qpn, epsn=q.epsn, pd=pd.handle,
-                                        dqpn=q.dqpn, pmtu=pmtu, metaroce=i == 3)
+                                        dqpn=q.dqpn, pmtu=q.pmtu, metaroce=i == 3)
                     if progress and batches % 200 == 0:
                         progress(sent + refused, time.monotonic() - t0)
         finally:
@@ -181,7 +183,7 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                 for k in ("rcv_packets", "rcv_bytes", "rcv_multi_buf", "rcv_steered")}
         multi = port["rcv_multi_buf"]
         alive = pid is not None and _alive(pid)
-        serves = alive and _serves(view, ctx, h1, pmtu)
+        serves = alive and _serves(view, ctx, h1, mr_pmtu)
         deep = {k: rx.get(k, 0) for k in DEEP_REASONS}
         return {"mode": "wire", "packets": packets, "sent": sent,
                 "not_delivered": not_delivered, "refused_by_socket": refused,
@@ -193,7 +195,8 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                 "deep_reasons_hit": deep,
                 "out_of_region_writes": out_of_region, "crashes": 0 if alive else 1,
                 "daemon_serves_after": serves, "seed": seed,
-                "mtu": mtu or 1500, "pmtu": pmtu, "max_frame": target.max_frame,
+                "mtu": mtu or 1500, "pmtu": pmtu, "pmtu_metaroce": mr_pmtu,
+                "max_frame": target.max_frame,
                 # veth queues; with more than one the daemon steers by QP (nic_steer and
                 # nic_rx_cpu see every frame: steered_frames is nic_steer's own count)
                 "queues": queues, "rx_steering": isinstance(after.get("rx_steering"), dict),

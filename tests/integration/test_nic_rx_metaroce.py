@@ -252,3 +252,43 @@ def test_multi_buffer_frames_are_checked_and_placed_whole(rx):
     finally:
         rx.dereg_mr(mr)
         rx.del_qp(qpn)
+
+
+def test_fitted_mtu_payloads_of_8000_bytes_are_placed_and_bounded(rx):
+    """CM-14 at MTU 9000: a MetaRoCE QP at the fitted path MTU 8000 (MAX_PAYLOAD is 8192) takes
+    8000-byte packets whole across the frame's fragments and a region's 64 KiB chunk edge; one
+    that would run 1 byte past its region's end is refused (mr_bounds, fatal) and writes
+    nothing, in the region or behind it."""
+    qpn, pmtu = 0x00077A, 8000
+    rx.del_qp(qpn)
+    rx.set_qp(qpn, epsn=10, pd=PD, dqpn=PEER, pmtu=pmtu, metaroce=True)
+    mr = rx.reg_mr(3 * 65536 - 5000, PD, ALL)        # its end inside the third chunk
+    full = rx.mrs[mr.rkey]._mm
+    try:
+        data = os.urandom(2 * pmtu + 999)
+
+        def pkt(op, psn, off, payload, length, va):
+            hdrs = (PETH(path_id=0, ssn=1, offset=off, rsn=0),
+                    RETH(va=va, rkey=mr.rkey, dma_len=length))
+            return RocePacket(ip=IPv4(src="10.7.0.1", dst="10.7.0.2"),
+                              bth=BTH(opcode=op, dest_qp=qpn, psn=psn, ack_req=1), headers=hdrs,
+                              payload=payload, udp=UDP(sport=0xC001),
+                              eth=Ethernet(dst="02:00:00:00:00:02",
+                                           src="02:00:00:00:00:01")).to_bytes()
+        va = mr.addr + 65536 - 3000                   # the first packet straddles a chunk edge
+        for i, op in enumerate((O.MR_RDMA_WRITE_FIRST, O.MR_RDMA_WRITE_MIDDLE,
+                                O.MR_RDMA_WRITE_LAST)):
+            part = data[i * pmtu:(i + 1) * pmtu]
+            rc, out, d = run(rx, pkt(op, 10 + i, i * pmtu, part, len(data), va))
+            assert d.get("placed") == 1, (i, d)
+        assert bytes(mr.buf[65536 - 3000:65536 - 3000 + len(data)]) == data
+        assert rx.qp_state(qpn)["epsn"] == 13
+        before = bytes(full)
+        end = mr.addr + mr.length
+        rc, out, d = run(rx, pkt(O.MR_RDMA_WRITE_ONLY, 13, 0, os.urandom(pmtu), pmtu,
+                                 end - pmtu + 1))
+        assert rc == XDP_TX and d.get("mr_bounds") == 1, d
+        assert bytes(full) == before                  # nothing in the region, nothing behind it
+    finally:
+        rx.dereg_mr(mr)
+        rx.del_qp(qpn)

@@ -332,3 +332,28 @@ def test_multi_buffer_write_is_placed_whole_or_refused_before_it_changes_anythin
         assert rc == XDP_DROP and d == {"malformed": 1}, d
         assert bytes(mr.buf) == bytes(len(mr.buf)) and rx.qp_epsn(QPN) == 500
     rx.dereg_mr(mr)
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_a_wrong_ip_version_is_not_roce(rx, v6):
+    """An IPv4 ethertype over a header whose version is not 4 (or IPv6's not 6) is not an IP
+    packet (the stack drops it too): it passes as not RoCE, nothing placed, no reply, whatever
+    its valid-looking UDP 4791 and BTH behind it. The fuzzer found the NIC answering such a
+    frame (2026-12-07)."""
+    mr = rx.reg_mr(1 << 20, PD, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE)
+    rx.set_qp(QPN, epsn=2000, pd=PD, pmtu=4096)
+    data = bytes(range(200))
+    good = bytearray(pkt(WRITE_ONLY, 2000, reth(mr.addr, mr.rkey, len(data)) + data, v6=v6,
+                         ackreq=1))
+    for version in (0, 4 if v6 else 6, 7, 15):
+        bad = bytearray(good)
+        bad[14] = (version << 4) | (bad[14] & 0x0F)
+        before = rx.counters()
+        rc, _, _ = rx.run(bytes(bad))
+        assert rc == XDP_PASS and delta(rx, before) == {"not_roce": 1}, (version, delta(rx, before))
+    assert bytes(mr.buf[:len(data)]) == bytes(len(data)) and rx.qp_state(QPN)["epsn"] == 2000
+    before = rx.counters()
+    rc, _, _ = rx.run(bytes(good))                    # the same frame with its right version
+    assert rc == XDP_TX and delta(rx, before) == {"placed": 1, "tx_ack": 1}
+    assert bytes(mr.buf[:len(data)]) == data
+    rx.dereg_mr(mr)
