@@ -44,10 +44,11 @@ def _size(text: str) -> int:
               help="The end-to-end check to ask for: csum takes the IPv4/UDP checksums in "
                    "place of the ICRC when both devices accept them (metaroce up --integrity "
                    "csum, spec 5.7); icrc keeps the ICRC [default: what the device accepts].")
-@click.option("-m", "--mtu", type=click.IntRange(256, 4096), default=None,
-              help="The largest path MTU this side offers (perftest's -m): an IB MTU, or on a "
-                   "MetaRoCE connection a multiple of 64 bytes (spec CM-14); the connection "
-                   "takes the smaller of both sides' [default: what the device takes].")
+@click.option("-m", "--mtu", type=click.IntRange(256, 8192), default=None,
+              help="The largest path MTU this side offers (perftest's -m): an IB MTU (up to "
+                   "4096), or on a MetaRoCE connection a multiple of 64 bytes up to 8192 (spec "
+                   "CM-14); the connection takes the smaller of both sides' [default: what the "
+                   "device takes].")
 @click.option("-a", "--all", "all_sizes", is_flag=True, help="All sizes 2 B .. 8 MiB.")
 @click.option("-p", "--port", type=click.IntRange(1, 65535), default=18515, show_default=True)
 @click.option("--cpu", type=click.IntRange(0, 4095), default=None, help="Pin to this CPU.")
