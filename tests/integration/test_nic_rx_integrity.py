@@ -19,7 +19,7 @@ from metaroce.wire.headers import BTH, PETH, RETH
 from metaroce.wire.packet import UDP, Ethernet, IPv4, IPv6, RocePacket, parse_frame, \
     udp_checksum_ok
 
-XDP_DROP, XDP_TX = 1, 3
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 QPN, PD, PEER = 0x000a11, 5, 0x000b22
 INT_ICRC, INT_CSUM = 0, 1
 O = C.Opcode
@@ -83,11 +83,12 @@ def test_csum_qp_takes_valid_and_refuses_corrupt(rx, mr, v6, size):
     if not v6:
         corrupt.append(good[:14 + 26] + b"\0\0" + good[14 + 28:])     # no UDP checksum
         corrupt.append(reicrc(flip(good, 14 + 8)))                       # TTL: IPv4 header sum
-    else:
-        corrupt.append(flip(good, 14, 0x10))      # IPv6 version (no checksum covers it)
     for f in corrupt:
         rc, out, d = run(rx, f)
         assert rc == XDP_DROP and d == {"bad_csum": 1, "rcv_csum_checked": 1}, d
+    # a damaged IP version (no checksum covers IPv6's) is no IP packet: not RoCE, to the stack
+    rc, out, d = run(rx, flip(good, 14, 0x10))
+    assert rc == XDP_PASS and d == {"not_roce": 1}, d
     assert bytes(mr.buf) == before and rx.qp_state(QPN)["epsn"] == 101
     # a wrong ICRC is not this QP's business (INT-3 checks the checksums in its place)
     wrong_icrc = good[:-4] + bytes(b ^ 0x5A for b in good[-4:])
