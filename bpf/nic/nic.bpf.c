@@ -1237,19 +1237,12 @@ static __always_inline int nic_rx_check(struct xdp_md *ctx)
         if (lin < REPLY_MAX_LEN)
             return verdict(RX_MALFORMED, XDP_DROP);
     }
-    if (rc)
+    struct rx_bth h;
+    if (rc || read_bth(ctx, &rp, &h))
         return verdict(RX_MALFORMED, XDP_DROP);
-    struct bth bth;
-    if (bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
-        return verdict(RX_MALFORMED, XDP_DROP);
-    u32 l4 = rp.udp_len - sizeof(struct udphdr);        /* BTH .. ICRC */
-    if (rp.bth_off + l4 > bpf_xdp_get_buff_len(ctx))
-        return verdict(RX_MALFORMED, XDP_DROP);
-    u32 qpn = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
-    u32 psn = bpf_ntohl(bth.psn) & PSN_MASK;
-    int ackreq = !!(bpf_ntohl(bth.psn) & BTH_ACKREQ);
-    u8 op = bth.opcode;
-    u32 pad = (bth.flags >> 4) & 3;
+    struct bth bth = h.bth;
+    u32 l4 = h.l4, qpn = h.qpn, pad = h.pad;
+    u8 op = h.op;
     struct nic_qp *qp = qps.lookup(&qpn);
     if (!qp)
         return verdict(RX_UNKNOWN_QP, XDP_DROP);
@@ -1310,24 +1303,20 @@ static __always_inline int nic_rx_act(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
     struct roce_pkt rp;
-    struct bth bth;
-    if (parse_roce(data, data_end, &rp) || bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
+    struct rx_bth h;
+    if (parse_roce(data, data_end, &rp) || read_bth(ctx, &rp, &h))
         return verdict(RX_MALFORMED, XDP_DROP);
-    u32 l4 = rp.udp_len - sizeof(struct udphdr);
-    if (rp.bth_off + l4 > bpf_xdp_get_buff_len(ctx))
-        return verdict(RX_MALFORMED, XDP_DROP);
-    u32 qpn = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
-    u32 psn = bpf_ntohl(bth.psn) & PSN_MASK;
-    int ackreq = !!(bpf_ntohl(bth.psn) & BTH_ACKREQ);
-    u8 op = bth.opcode;
-    u32 pad = (bth.flags >> 4) & 3;
+    u32 l4 = h.l4, qpn = h.qpn, psn = h.psn, pad = h.pad;
+    u32 se = h.bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
+    int ackreq = h.ackreq;
+    u8 op = h.op;
     struct nic_qp *qp = qps.lookup(&qpn);
     if (!qp)                                /* destroyed between the two stages */
         return verdict(RX_UNKNOWN_QP, XDP_DROP);
     int mr = op >= MR_OPCODE_MIN;
     qp->rx_packets++;
     struct plan pl = {};
-    pl.se = bth.flags & 0x80 ? RECV_F_SOLICITED : 0;
+    pl.se = se;
     u32 reason;
 
     if (op == CNP_OPCODE) {                         /* the peer saw CE on our packets */
@@ -1466,10 +1455,10 @@ int nic_steer(struct xdp_md *ctx)
     int rc = parse_roce(data, data_end, &rp);
     if (rc == PARSE_NOT_ROCE)
         return verdict(RX_NOT_ROCE, XDP_PASS);
-    struct bth bth;
+    struct rx_bth h;
     u32 key = STEER_DEFAULT_KEY;             /* malformed: the default CPU counts it */
-    if (!rc && !bpf_xdp_load_bytes(ctx, rp.bth_off, &bth, sizeof(bth)))
-        key = bpf_ntohl(bth.dqpn) & 0xFFFFFF;
+    if (!rc && !read_bth(ctx, &rp, &h))
+        key = h.qpn;
     u32 *cpu = rx_qp_cpu.lookup(&key);
     if (!cpu) {
         key = STEER_DEFAULT_KEY;

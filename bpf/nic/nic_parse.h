@@ -58,6 +58,17 @@ struct peth {
     __be32 ts;
 };
 
+/* What the receive path reads from the BTH of a frame parse_roce took. */
+struct rx_bth {
+    struct bth bth;
+    __u32 l4;         /* the UDP payload: BTH .. ICRC */
+    __u32 qpn;
+    __u32 psn;
+    __u32 pad;        /* PadCnt */
+    int ackreq;
+    __u8 op;
+};
+
 #define PARSE_NOT_ROCE 1
 #define PARSE_MALFORMED 2
 
@@ -106,6 +117,24 @@ static __always_inline int parse_roce(void *data, void *data_end, struct roce_pk
         return PARSE_MALFORMED;
     if ((void *)(udp + 1) + BTH_LEN > data_end)
         return PARSE_MALFORMED;
+    return 0;
+}
+
+/* The BTH of a frame parse_roce took, decoded into *h: 0, or -1 when it, or the datagram its
+ * UDP length claims, does not fit the frame (malformed). */
+static __always_inline int read_bth(struct xdp_md *ctx, const struct roce_pkt *rp,
+                                    struct rx_bth *h)
+{
+    if (bpf_xdp_load_bytes(ctx, rp->bth_off, &h->bth, sizeof(h->bth)))
+        return -1;
+    h->l4 = rp->udp_len - sizeof(struct udphdr);
+    if (rp->bth_off + h->l4 > bpf_xdp_get_buff_len(ctx))
+        return -1;
+    h->qpn = bpf_ntohl(h->bth.dqpn) & 0xFFFFFF;
+    h->psn = bpf_ntohl(h->bth.psn) & PSN_MASK;
+    h->ackreq = !!(bpf_ntohl(h->bth.psn) & BTH_ACKREQ);
+    h->op = h->bth.opcode;
+    h->pad = (h->bth.flags >> 4) & 3;
     return 0;
 }
 

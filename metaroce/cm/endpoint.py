@@ -215,7 +215,7 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
             _reject(ch, rep, C.CmReject.INVALID_PARAMS)
             raise CmError(f"{ip} port {port} answered MetaRoCE mode with window "
                           f"{rep.window_pkts} (SACK-1: 1 .. 2^23 - 1)")
-        if rep.mtu64 and not C.path_mtu_ok(rep.mtu64 * C.FITTED_MTU_UNIT, True):
+        if not N.mtu64_ok(rep.mtu64):
             _reject(ch, rep, C.CmReject.INVALID_PARAMS)
             raise CmError(f"{ip} port {port} answered a fitted MTU of {rep.mtu64} x 64 bytes "
                           f"(CM-14: {C.FITTED_MTU_MIN} .. {C.FITTED_MTU_MAX})")

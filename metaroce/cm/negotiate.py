@@ -93,7 +93,7 @@ def validate(req: CMETH) -> None:
                        f"{C.CM_VERSIONS}")
     if req.mtu not in C.MTU_CODES:
         raise Rejected(C.CmReject.INVALID_PARAMS, f"MTU code {req.mtu} is not 1-5")
-    if req.mtu64 and not C.path_mtu_ok(req.mtu64 * C.FITTED_MTU_UNIT, True):
+    if not mtu64_ok(req.mtu64):
         raise Rejected(C.CmReject.INVALID_PARAMS, f"fitted MTU {req.mtu64} x 64 bytes is not "
                        f"{C.FITTED_MTU_MIN} .. {C.FITTED_MTU_MAX} (CM-14)")
     if req.caps & C.Cap.MULTIPATH and not 1 <= req.max_paths <= C.MAX_PATHS:
@@ -124,6 +124,11 @@ def path_mtu(local_bytes: int, remote_code: int, local_fitted: int = 0,
     if mode_of(caps) == "metaroce" and local_fitted and remote_mtu64:
         return min(local_fitted, remote_mtu64 * C.FITTED_MTU_UNIT)
     return min(local_bytes, C.MTU_CODES[remote_code])
+
+
+def mtu64_ok(mtu64: int) -> bool:
+    """CM-14 / CM-10: a CMETH's fitted MTU offer is none (0) or 256 .. 8192 bytes."""
+    return not mtu64 or C.path_mtu_ok(mtu64 * C.FITTED_MTU_UNIT, True)
 
 
 def mtu64_of(fitted_bytes: int, caps: int, peer_offered: bool = True) -> int:

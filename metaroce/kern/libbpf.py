@@ -28,6 +28,8 @@ def lib():
                                         ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
         _lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
         _lib.bpf_prog_test_run_opts.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        _lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p,
+                                                ctypes.POINTER(ctypes.c_uint32)]
     return _lib
 
 
@@ -48,9 +50,8 @@ def prog_verified_insns(fd: int) -> int | None:
     path, which BPF_COMPLEXITY_LIMIT_INSNS bounds), or None on a kernel that does not say."""
     info = ctypes.create_string_buffer(PROG_INFO_SIZE)
     n = ctypes.c_uint32(PROG_INFO_SIZE)
-    f = lib().bpf_obj_get_info_by_fd
-    f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
-    if f(fd, info, ctypes.byref(n)) or n.value < _VERIFIED_INSNS_OFF + 4:
+    if lib().bpf_obj_get_info_by_fd(fd, info, ctypes.byref(n)) or \
+            n.value < _VERIFIED_INSNS_OFF + 4:
         return None
     return int.from_bytes(info.raw[_VERIFIED_INSNS_OFF:_VERIFIED_INSNS_OFF + 4], "little") or None
 
