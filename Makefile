@@ -68,6 +68,7 @@ bench: setup
 	$(PY) tools/bench/sim_scale.py --quick --jobs 2
 	$(PY) tools/bench/engine_cost.py --quick
 	$(PY) tools/bench/allreduce.py --hosts 3 --quick
+	$(PY) tools/bench/allreduce.py --hosts 3 --quick --mtu 9000
 	$(PY) tools/bench/report.py
 
 clean:

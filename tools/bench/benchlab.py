@@ -107,10 +107,19 @@ class BenchEnd:
     qp: object
 
 
+def path_mtu(mode: str, *contexts) -> int:
+    """The path MTU the CM would pick for a connection between these contexts' devices (CM-14):
+    the smaller of their fitted MTUs in MetaRoCE mode (1344 at a 1500-byte link), of their IB
+    enum MTUs in RoCEv2 mode; for QPs connected by hand."""
+    key = "max_fitted_pmtu" if mode == "metaroce" else "max_pmtu"
+    return min(c.query_device()[key] for c in contexts)
+
+
 def qp_pair(c1, c2, ip1: str, ip2: str, mode: str, mr_bytes: int, access: int,
             **attr) -> tuple[BenchEnd, BenchEnd]:
-    """A PD, an MR of mr_bytes, a CQ and an RC QP on each context, connected to each other
-    (attr: connect attributes, e.g. paths=4); close with close_pair."""
+    """A PD, an MR of mr_bytes, a CQ and an RC QP on each context, connected to each other at
+    the path MTU the CM would pick (path_mtu; attr: connect attributes, e.g. paths=4); close
+    with close_pair."""
     from metaroce.verbs import CQ, MR, PD, QP, QPInitAttr  # noqa: PLC0415
     ends = []
     for c in (c1, c2):
@@ -118,8 +127,11 @@ def qp_pair(c1, c2, ip1: str, ip2: str, mode: str, mr_bytes: int, access: int,
         cq = CQ(c, 4096)
         ends.append(BenchEnd(MR(pd, mr_bytes, access), cq, QP(pd, QPInitAttr(cq, cq))))
     a, b = ends
-    a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode}, **attr)
-    b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode}, **attr)
+    mtu = path_mtu(mode, c1, c2)
+    a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode, "mtu": mtu},
+                 **attr)
+    b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode, "mtu": mtu},
+                 **attr)
     return a, b
 
 

@@ -32,8 +32,8 @@ import subprocess
 import sys
 import time
 
-from benchlab import (cli_supports, fresh_lab, header, jain, pyplot, save, save_figure,
-                      start_daemons, stop_daemons, summary)
+from benchlab import (cli_supports, fresh_lab, header, jain, path_mtu, pyplot, save,
+                      save_figure, start_daemons, stop_daemons, summary)
 from metaroce.lab import core, shaping
 from metaroce.lab.fabric import Fabric
 from metaroce.lab.plan import parse_rate
@@ -134,9 +134,11 @@ def rdma_run(lab: Lab, n: int, mode: str, seconds: float, credit: bool = False) 
             a = QP(pd, QPInitAttr(cq, cq, cap))
             b = QP(rpd, QPInitAttr(rcq, rcq, cap))
             pairs.append((h, a, b))
-            a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": lab.ip["h1"], "mode": mode},
-                      **({"credit": True} if credit else {}))
-            b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": lab.ip[h], "mode": mode})
+            mtu = path_mtu(mode, lab.ctx[h], lab.ctx["h1"])
+            a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": lab.ip["h1"], "mode": mode,
+                       "mtu": mtu}, **({"credit": True} if credit else {}))
+            b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": lab.ip[h], "mode": mode,
+                       "mtu": mtu})
         lab.settle()
         before = lab.bottleneck()
         done = {h: 0 for h in senders}

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from benchlab import header, jain, two_hosts
+from benchlab import header, jain, path_mtu, two_hosts
 from metaroce.procbpf import rss_kib
 from metaroce.verbs import (CQ, MR, PD, QP, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE,
                             IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, Context, QPCap, QPInitAttr,
@@ -52,9 +52,10 @@ def one(c1, c2, ip1, ip2, pids, n, seconds):
     cap = QPCap(max_send_wr=4 * DEPTH, max_recv_wr=1)
     qa = [QP(pd1, QPInitAttr(cq1, cq1, cap)) for _ in range(n)]
     qb = [QP(pd2, QPInitAttr(cq2, cq2, cap)) for _ in range(n)]
+    mtu = path_mtu("metaroce", c1, c2)
     for a, b in zip(qa, qb):
-        a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": ip2, "mode": "metaroce"})
-        b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": ip1, "mode": "metaroce"})
+        a.connect({"qpn": b.qp_num, "psn": b.psn, "ip": ip2, "mode": "metaroce", "mtu": mtu})
+        b.connect({"qpn": a.qp_num, "psn": a.psn, "ip": ip1, "mode": "metaroce", "mtu": mtu})
     grown = {p: (rss_kib(p) - base[p][0], map_memlock(p) - base[p][1],
                  map_memlock(p, 1) - base[p][2]) for p in pids}
     done = [0] * n

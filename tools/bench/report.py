@@ -98,7 +98,7 @@ def loss_sweep(doc) -> list[str]:
            f"`{doc.get('command', 'sudo .venv/bin/python tools/bench/loss_sweep.py --quick')}` — "
            f"{doc['machine']['host']}, "
            f"kernel {doc['machine']['kernel']}, {doc['date']}; {doc['size']}-byte WRITEs, "
-           f"{doc['depth']} in flight, one QP, median (min–max) of {doc['runs']} runs of "
+           f"{doc['depth']} in flight, one QP{_at_pmtu(doc)}, median (min–max) of {doc['runs']} runs of "
            f"{doc['seconds']} s per point; loss from the lab's XDP impairment on h1's link, both "
            f"ways, on {what}; the switch forwards in XDP at every point (loss alone keeps it "
            "there)", "",
@@ -131,7 +131,7 @@ def qp_scale(doc) -> list[str]:
     cmd = doc.get("command", "sudo .venv/bin/python tools/bench/qp_scale.py --quick")
     out = ["### Many QPs", "",
            f"`{cmd}` — {doc['machine']['host']}, "
-           f"{doc['date']}; MetaRoCE mode, {doc['msg_bytes']}-byte WRITEs, {doc['depth_per_qp']} "
+           f"{doc['date']}; MetaRoCE mode{_at_pmtu(doc)}, {doc['msg_bytes']}-byte WRITEs, {doc['depth_per_qp']} "
            f"in flight per QP, median of {doc['runs']} runs of {doc['seconds']} s", "",
            "| QPs | goodput Gbit/s (min–max) | vs 1 QP | Jain fairness | daemon RSS KiB per QP "
            "(requester / responder) | kernel QP state bytes per QP (requester / responder) | "
@@ -254,6 +254,15 @@ def where(doc) -> str:
             f"{' (' + m['cpu_model'] + ')' if m.get('cpu_model') else ''}, {doc['date']}; {load}")
 
 
+def _at_pmtu(doc) -> str:
+    """Where the benchmark connected its QPs by hand at the path MTU the CM picks
+    (benchlab.path_mtu, from 2026-12-07): say so; older results were at 1024."""
+    d = doc.get("date", "")
+    if d >= "2026-12-07 21:4":
+        return " (at the path MTU the CM picks: 1,344 bytes in MetaRoCE mode, 1,024 in RoCEv2 mode)"
+    return " (at path MTU 1,024)"
+
+
 def num(v: float, fmt: str | None = None) -> str:
     """3 significant digits, whole numbers from 1000 up (counts read better that way)."""
     if fmt:
@@ -279,7 +288,7 @@ def incast(doc) -> list[str]:
            f"A star lab, every switch egress shaped to {doc['rate_bps'] / 1e6:g} Mbit/s (htb, a "
            f"{doc['queue_limit_frames']}-frame queue) with ECN marking above "
            f"{doc['ecn_threshold_bytes'] // 1024} KiB; N senders, each a lab host with its own "
-           f"`metaroce up` daemon, WRITE {doc['msg_bytes'] // 1024} KiB messages "
+           f"`metaroce up` daemon, WRITE {doc['msg_bytes'] // 1024} KiB messages{_at_pmtu(doc)} "
            f"({doc['depth_per_qp']} posted per QP, one QP each) to h1 for {doc['seconds']:g} s; "
            f"TCP is one iperf3 stream per sender. Contenders alternate within each of "
            f"{doc['runs']} runs; median (min–max). Drops and CE marks are the bottleneck port's "
@@ -411,20 +420,36 @@ def sim_scale(doc) -> list[str]:
     return out
 
 
-def allreduce(doc) -> list[str]:
-    out = ["### Allreduce: MetaRoCE collectives vs Gloo (TCP)", "",
-           f"`sudo .venv/bin/python {doc['command']}` — {doc.get('date', '')} "
-           f"{doc['hosts']} lab hosts (star); bus bandwidth as nccl-tests reports it; "
-           "MetaRoCE's algorithm per size (ring, or tree below 256 KiB with 3+ hosts); "
+def allreduce(doc, name: str = "allreduce") -> list[str]:
+    runs = doc.get("runs", 1)
+    out = [f"### Allreduce: MetaRoCE collectives vs Gloo (TCP), MTU {doc.get('mtu', 1500)}", "",
+           f"`{doc['command']}` — {doc.get('date', '')}; "
+           f"{doc['hosts']} lab hosts (star); bus bandwidth as nccl-tests reports it, median "
+           f"(min–max) of {runs} runs (the contenders alternate within each); MetaRoCE's "
+           "algorithm per size (ring, or tree below 256 KiB with 3+ hosts), once with the "
+           "daemons' default ICRC and once with `metaroce up --integrity csum` on every host "
+           "(its connections negotiate the UDP checksum, spec 5.7: TCP's own check); "
            "sent/volume: the QP byte counters against what the algorithm must move", "",
-           "| bytes | algorithm | MetaRoCE busbw Gbit/s | Gloo busbw Gbit/s | ratio | "
-           "MetaRoCE µs | Gloo µs | sent/volume |", "|---|---|---|---|---|---|---|---|"]
+           "| bytes | algorithm | MetaRoCE (ICRC) busbw Gbit/s | MetaRoCE (CSUM) busbw Gbit/s | "
+           "Gloo busbw Gbit/s | ICRC / Gloo | CSUM / Gloo | MetaRoCE (CSUM) µs | Gloo µs | "
+           "sent/volume |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def med(r, k):
+        v = r.get(k)
+        return v if isinstance(v, dict) else {"median": v, "min": v, "max": v}
+
     for r in doc["rows"]:
+        csum = med(r, "metaroce_csum_busbw_gbps") if "metaroce_csum_busbw_gbps" in r else None
         out.append(f"| {r['bytes']:,} | {r.get('algorithm', 'ring')} | "
-                   f"{r['metaroce_busbw_gbps']:.3f} | {r['gloo_busbw_gbps']:.3f} | "
-                   f"{(r['ratio'] or 0):.2f} | {r['metaroce_us']:.0f} | {r['gloo_us']:.0f} | "
+                   f"{rng(med(r, 'metaroce_busbw_gbps'), fmt='{:.3f}')} | "
+                   f"{rng(csum, fmt='{:.3f}')} | "
+                   f"{rng(med(r, 'gloo_busbw_gbps'), fmt='{:.3f}')} | "
+                   f"**{(r['ratio'] or 0):.2f}** | "
+                   f"**{(r.get('ratio_csum') or 0):.2f}** | "
+                   f"{rng(med(r, 'metaroce_csum_us') if csum else None, fmt='{:.0f}')} | "
+                   f"{rng(med(r, 'gloo_us'), fmt='{:.0f}')} | "
                    f"{r['metaroce_sent_per_iter'] / max(1, r['ring_volume']):.3f} |")
-    out += ["", "![allreduce](../tools/bench/results/allreduce.png)", ""]
+    out += ["", f"![allreduce](../tools/bench/results/{name}.png)", ""]
     return out
 
 
@@ -571,9 +596,10 @@ def main() -> int:
     path = os.path.join(HERE, "results", "multipath.json")
     if os.path.exists(path):
         lines += multipath(json.load(open(path)))
-    path = os.path.join(HERE, "results", "allreduce.json")
-    if os.path.exists(path):
-        lines += allreduce(json.load(open(path)))
+    for name in ("allreduce", "allreduce_mtu9000"):
+        path = os.path.join(HERE, "results", f"{name}.json")
+        if os.path.exists(path):
+            lines += allreduce(json.load(open(path)), name)
     path = os.path.join(HERE, "results", "sim_scale.json")
     if os.path.exists(path):
         lines += sim_scale(json.load(open(path)))
