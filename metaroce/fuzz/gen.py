@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..wire import consts as C
-from ..wire.headers import AtomicETH, RETH
+from ..wire.headers import PETH, AtomicETH, RETH
 from ..wire.layout import LAYOUTS
 from ..wire.samples import sample_packet
 from . import frames as F
@@ -42,6 +42,11 @@ RETH_WRITE_OPS = frozenset(op for op in OPCODES if "RDMA_WRITE" in C.OPCODE_NAME
                            "RETH" in F.header_offsets(op))
 CONT_WRITE_OPS = (frozenset(op for op in OPCODES if "RDMA_WRITE" in C.OPCODE_NAMES[op])
                   - RETH_WRITE_OPS)
+# a compat request opcode -> its MetaRoCE twin (PETH first, PLACE-1); requests carry a PETH
+# the generator fills per packet (responses keep the sample's)
+_MR_OF = {op: op | 0xC0 for op in OPCODES if op < 0x20 and (op | 0xC0) in LAYOUTS and
+          "RESPONSE" not in C.OPCODE_NAMES[op] and "ACKNOWLEDGE" not in C.OPCODE_NAMES[op]}
+MR_REQUEST_OPS = frozenset(_MR_OF.values())
 
 
 @dataclass
@@ -66,6 +71,8 @@ class Qp:
     slots: list = field(default_factory=list)   # (first_psn, kind, length) per RD slot
     pmtu: int = 0                     # its path MTU (0: the target's); a MetaRoCE QP's may be
                                       # a fitted one (CM-14), beyond the IB enum's 4096
+    metaroce: bool = False            # MetaRoCE mode: most of its requests are MR_* opcodes
+    rsn: int = 0                      # MetaRoCE: the receive WQE number its SENDs name next
 
 
 @dataclass
@@ -80,6 +87,8 @@ class Target:
     max_frame: int | None = None      # jumbo: the largest frame (link MTU + Ethernet header)
     oversize: bool = False            # jumbo: some frames past max_frame (BPF_PROG_TEST_RUN only)
 
+
+MR_SHARE = 0.9            # a MetaRoCE QP's requests in MetaRoCE opcodes (the rest: wrong mode)
 
 # weights of the kinds of packet in the stream
 KINDS = (("valid", 12), ("sequence", 6), ("field", 34), ("edge", 18), ("flip_no_icrc", 8),
@@ -100,10 +109,11 @@ class Generator:
         self.rng = random.Random(seed)
         r = self.rng
         self.noise = bytes(r.getrandbits(8) for _ in range(1 << 16)) * 2   # payload pool
-        self.fixed = {}                    # opcode -> packed headers other than RETH/AtomicETH
+        self.fixed = {}       # opcode -> packed headers other than RETH/AtomicETH/a request's PETH
         for op in OPCODES:
             sp = sample_packet(op, 4, 1)
-            self.fixed[op] = [None if isinstance(h, (RETH, AtomicETH)) else h.pack()
+            self.fixed[op] = [None if isinstance(h, (RETH, AtomicETH)) else
+                              PETH if isinstance(h, PETH) and op in MR_REQUEST_OPS else h.pack()
                               for h in sp.headers]
         self.big = target.max_frame or 1600        # the largest frame a random one may be
         kinds, weights = zip(*(JUMBO_KINDS if target.max_frame else KINDS))
@@ -136,7 +146,8 @@ class Generator:
 
     def _reth(self, qp: Qp, op: int, length: int, edge: bool = False) -> bytes:
         r = self.rng
-        g = self._region_for(qp, ACCESS_REMOTE_WRITE if op != O.RC_RDMA_READ_REQUEST else 4)
+        read = op in (O.RC_RDMA_READ_REQUEST, O.MR_RDMA_READ_REQUEST)
+        g = self._region_for(qp, 4 if read else ACCESS_REMOTE_WRITE)
         if edge:
             off = self._edge_offset(g)
         else:
@@ -157,11 +168,30 @@ class Generator:
     def _mtu(self, qp: Qp) -> int:
         return qp.pmtu or self.t.pmtu
 
+    def _peth(self, qp: Qp, offset: int) -> bytes:
+        """A request's PETH: the payload's offset in its message (PLACE-1), a receive WQE
+        number near the QP's next (PLACE-3: posted ones, and some that are not: RNR), and path,
+        flags, SSN and timestamp as any sender's."""
+        r = self.rng
+        rsn = (qp.rsn + r.choice((0, 0, 0, 1, 2, 3, 4, 9, -1))) & 0xFFFFFF
+        flags = r.choice((0, 0, 0, C.PETH_F_RETX, C.PETH_F_ACK_NOW))
+        return struct.pack("!BBHIIII", r.randrange(4), flags, 0, r.getrandbits(24), rsn,
+                           offset & 0xFFFFFFFF, r.getrandbits(32))
+
+    def mode_op(self, qp: Qp, op: int) -> int:
+        """op as qp's mode sends it: a MetaRoCE QP's requests mostly in MR_* opcodes."""
+        if qp.metaroce and op in _MR_OF and self.rng.random() < MR_SHARE:
+            return _MR_OF[op]
+        return op
+
     def build(self, op: int, qp: Qp, *, psn: int | None = None, length: int | None = None,
               edge: bool = False, v6: bool | None = None, dma_len: int | None = None,
-              ackreq: int | None = None) -> bytearray:
-        """A valid (or, with edge/dma_len, deliberately out-of-bounds) packet of opcode op."""
+              ackreq: int | None = None, offset: int = 0, mode: bool = True) -> bytearray:
+        """A valid (or, with edge/dma_len, deliberately out-of-bounds) packet of opcode op (in
+        qp's mode unless mode=False: mode_op); offset: a MetaRoCE request's PETH.Offset."""
         r = self.rng
+        if mode:
+            op = self.mode_op(qp, op)
         lay = LAYOUTS[op]
         name = C.OPCODE_NAMES[op]
         if length is None:
@@ -183,7 +213,9 @@ class Generator:
                 dma_len = length
         hdrs = []
         for packed in self.fixed[op]:
-            if packed is not None:
+            if packed is PETH:
+                hdrs.append(self._peth(qp, offset))
+            elif packed is not None:
                 hdrs.append(packed)
             elif op in ATOMIC_OPS:
                 hdrs.append(self._atomic(qp, edge))
@@ -249,11 +281,13 @@ class Generator:
         ops = ([O.RC_RDMA_WRITE_FIRST] + [O.RC_RDMA_WRITE_MIDDLE] * (n - 2) +
                [r.choice((O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE))]) if write \
             else ([O.RC_SEND_FIRST] + [O.RC_SEND_MIDDLE] * (n - 2) + [O.RC_SEND_LAST])
+        if qp.metaroce and r.random() < MR_SHARE:         # one message, one mode
+            ops = [_MR_OF[op] for op in ops]
         total = self._mtu(qp) * (n - 1) + tail
         for i, op in enumerate(ops):
             last = i == n - 1
             f = self.build(op, qp, length=tail if last else self._mtu(qp), dma_len=total,
-                           v6=False, ackreq=int(last))
+                           v6=False, ackreq=int(last), offset=i * self._mtu(qp), mode=False)
             x = r.random()
             if x < 0.06:
                 continue                                   # lost
@@ -487,7 +521,10 @@ class Generator:
                     rkey, va = g.rkey, (g.addr + self._edge_offset(g)) & (2**64 - 1)
                 struct.pack_into("!QII", f, h, va, rkey, dma & 0xFFFFFFFF)
             elif m == 8:                                   # the payload grows or shrinks
-                f = self._resize_payload(f, r.choice(self._deltas))
+                delta = r.choice(self._deltas)             # (within the frame limit: past it
+                if self.t.max_frame:                       # only as the jumbo kind's oversize)
+                    delta = min(delta, self.big - len(f))
+                f = self._resize_payload(f, delta)
             elif m == 9:                                   # the UDP length lies
                 udp = bth - F.UDP_LEN
                 ulen = int.from_bytes(f[udp + 4:udp + 6], "big")

@@ -20,6 +20,11 @@ Invariants:
     received bytes (bpf_xdp_get_buff_len) moves by the sum of those frames' lengths, and its
     count of multi-buffer frames by the number of them the test run handed over in fragments.
 
+QP 0x15 is a MetaRoCE-mode QP (MR_QPS): its requests are mostly MR_* opcodes with a PETH
+(placement by offset, receive WQEs by RSN, the selective-repeat window), at the fitted path MTU
+(CM-14; 8000 at 9000, the default run's 256 otherwise); a MetaRoCE WRITE names its range in
+every packet's RETH, so the memory model is the same.
+
 Jumbo frames (`mtu`, the CLI's --mtu): QPs at the path MTU the link MTU allows (4096 at 9000),
 frames up to the link MTU plus the Ethernet header (a few past it), receive and response buffers
 that hold multi-packet messages at that MTU. A frame longer than the linear part of a test run
@@ -75,7 +80,11 @@ REGIONS = ((3 * MR_CHUNK + 1000, 1, ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE),
 # (qpn, pd, epsn, dqpn, peer): PSNs that wrap soon, a QP that accepts one source address only,
 # a QP whose PD owns no region
 QPS = ((0x000011, 1, 100, 0x000101, None), (0x000012, 2, 0xFFFFF0, 0x000102, None),
-       (0x000013, 1, 0, 0x000103, F.V4_SRC), (0x000014, 4, 0x7FFFFF, 0x000104, None))
+       (0x000013, 1, 0, 0x000103, F.V4_SRC), (0x000014, 4, 0x7FFFFF, 0x000104, None),
+       (0x000015, 1, 0xFFFF80, 0x000105, None))
+# QPs in MetaRoCE mode (selective repeat, placement by PETH, spec section 5) at the fitted path
+# MTU (CM-14: 8000 at a 9000-byte link), their requests mostly in MR_* opcodes
+MR_QPS = frozenset({0x000015})
 # QPs that negotiated CSUM (spec 5.7): the IPv4/UDP checksums are their check, not the ICRC
 CSUM_QPS = frozenset({0x000012})
 # receive buffers (region index, offset, length), used in turn by each QP's receive WQEs:
@@ -84,7 +93,8 @@ CSUM_QPS = frozenset({0x000012})
 RECV_BUFS = {0x000011: ((0, 0x20000, 3000), (0, MR_CHUNK - 700, 2000),
                         (0, 3 * MR_CHUNK + 600, 1000)),
              0x000012: ((6, 100, 1500), (3, 0, 1000), (6, 2 * MR_CHUNK - 600, 2000)),
-             0x000013: ((0, 0x28000, 600), (2, 0, 1000), (6, 0, 1000))}   # 0x14: none (RNR)
+             0x000013: ((0, 0x28000, 600), (2, 0, 1000), (6, 0, 1000)),   # 0x14: none (RNR)
+             0x000015: ((0, 0x4000, 3000), (0, 0xA000, 700), (3, 0, 1000))}
 RQ_AHEAD = 4                # receive WQEs kept posted per QP
 LAZY_ERRORS = 8            # packets the lazy QP refuses in ERR before it is re-armed
 # outstanding READ / ATOMIC slots of the requester side: (kind, region, offset, length)
@@ -100,7 +110,8 @@ BATCH = 512                 # packets between memory checks, QP resyncs and refi
 RECV_BUFS_JUMBO = {0x000011: ((0, 0x20000, 16384), (0, MR_CHUNK - 700, 9000),
                               (0, 3 * MR_CHUNK + 600, 1000)),
                    0x000012: ((6, 100, 12000), (3, 0, 1000), (6, 2 * MR_CHUNK - 600, 2000)),
-                   0x000013: ((0, 0x28000, 8192), (2, 0, 1000), (6, 0, 1000))}
+                   0x000013: ((0, 0x28000, 8192), (2, 0, 1000), (6, 0, 1000)),
+                   0x000015: ((0, 0x4000, 24000), (0, 0xA000, 8000), (3, 0, 1000))}
 RD_BUFS_JUMBO = {0x000011: ((RD_READ, 0, 0x2A000, 10000), (RD_ATOMIC, 0, 0x24800, 8),
                             (RD_READ, 0, 3 * MR_CHUNK + 800, 600), (RD_READ, 2, 0, 300)),
                  0x000012: ((RD_READ, 6, 16384, 9000), (RD_ATOMIC, 6, 40000 + 3, 8)),
@@ -222,12 +233,13 @@ class FastPathFuzzer:
         self.pcnames = tuple(rxmod.PORT_COUNTERS)
         self.pcc = _Counters(self.rx, "port_counters", len(self.pcnames))
         if mtu is None:
-            self.pmtu = 256                # small packets: more of them per second
+            self.pmtu = self.mr_pmtu = 256     # small packets: more of them per second
             self.max_frame = None
             recv_bufs, rd_bufs = RECV_BUFS, RD_BUFS
         else:                              # jumbo: the path MTU the link MTU allows
-            from ..nic.device import largest_pmtu  # noqa: PLC0415
+            from ..nic.device import largest_fitted_pmtu, largest_pmtu  # noqa: PLC0415
             self.pmtu = largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000 (two AF_XDP chunks)
+            self.mr_pmtu = largest_fitted_pmtu(mtu, 2 * 4096)   # 8000 at 9000
             self.max_frame = mtu + F.ETH_LEN
             recv_bufs, rd_bufs = RECV_BUFS_JUMBO, RD_BUFS_JUMBO
         self.recv_bufs, self.rd_bufs = recv_bufs, rd_bufs
@@ -260,7 +272,9 @@ class FastPathFuzzer:
         self.resp_spans = {q: self._spans(q, ((b[1], b[2], b[3]) for b in rd_bufs.get(q, ())),
                                           ACCESS_LOCAL_WRITE) for q, *_ in QPS}
         for qpn, pd, epsn, dqpn, peer in QPS:
-            self.qps[qpn] = Qp(qpn, pd, dqpn, epsn, una=(epsn + 0x1000) & C.PSN_MASK)
+            mr = qpn in MR_QPS
+            self.qps[qpn] = Qp(qpn, pd, dqpn, epsn, una=(epsn + 0x1000) & C.PSN_MASK,
+                               pmtu=self.mr_pmtu if mr else 0, metaroce=mr)
             self.peer[qpn] = peer
             self._arm(qpn)
         dead = [(g.rkey + 0x10001) & 0xFFFFFFFF for g in self.regions]
@@ -293,8 +307,9 @@ class FastPathFuzzer:
         outstanding READ/ATOMIC slots; after a fatal NAK it sits in ERR until this runs."""
         q = self.qps[qpn]
         q.rd_head = 0
-        self.rx.set_qp(qpn, q.epsn, q.pd, q.dqpn, pmtu=self.pmtu, sq_psn=q.una,
-                       peer_ip=self.peer[qpn], integrity=1 if qpn in CSUM_QPS else 0)
+        self.rx.set_qp(qpn, q.epsn, q.pd, q.dqpn, pmtu=q.pmtu or self.pmtu, sq_psn=q.una,
+                       peer_ip=self.peer[qpn], integrity=1 if qpn in CSUM_QPS else 0,
+                       metaroce=q.metaroce)
         q.sq_psn = (q.una + SQ_SPAN) & C.PSN_MASK
         self.rx.set_sq_psn(qpn, q.sq_psn)
         self.open_write.pop(qpn, None)
@@ -511,6 +526,8 @@ class FastPathFuzzer:
         # jumbo: frames handed over in fragments (whatever the verdict), those accepted, passed
         mb = {"frames": 0, "accepted": 0, "passed": 0, "split": 0, "largest": 0}
         mb_work: dict = {}                     # accepted multi-buffer frames by kind of work
+        mr_work: dict = {}                     # MetaRoCE QPs' accepted MR_* packets, by work
+        mr_big = 0                             # ... of them longer than the IB enum's 4096 B
         view = {"bytes": 0, "multi": 0, "dirty": False}   # since the last port-counter check
         jumbo = self.max_frame is not None
         split = self._split if self.can_split else (lambda _f: None)
@@ -640,6 +657,10 @@ class FastPathFuzzer:
                     if multi and b:                    # which work came in fragments
                         k = _work(b[1])
                         mb_work[k] = mb_work.get(k, 0) + 1
+                    if b and b[2] in MR_QPS and b[1] >= 0xC0:
+                        k = _work(b[1])
+                        mr_work[k] = mr_work.get(k, 0) + 1
+                        mr_big += n > F.ETH_LEN + F.IP4_LEN + F.UDP_LEN + 4096 + 64
                     if b and b[2] in qps:
                         self._allow(allowed, frame, b)
                         if b[1] in resync_ops:               # READ: epsn moves by its packets
@@ -732,6 +753,10 @@ class FastPathFuzzer:
             "violations": st["violations"],
             "final_write_ok": final_ok,
             "mtu": self.mtu, "pmtu": self.pmtu, "max_frame": self.max_frame,
+            # the MetaRoCE-mode QP (fitted path MTU, CM-14): its MR_* requests accepted
+            "pmtu_metaroce": self.mr_pmtu,
+            "metaroce_accepted_by_work": _desc(mr_work),
+            "metaroce_accepted_past_4096": mr_big,
             # frames longer than their linear part: the program got them in fragments
             "multi_buffer_frames": mb["frames"],
             "multi_buffer_accepted": mb["accepted"], "multi_buffer_passed": mb["passed"],

@@ -127,7 +127,8 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
             epsn = (0xFFFFFF - 40 * i) if i < 2 else 1000 * i     # two wrap soon
             ctx.request("set_qp", qpn=qpn, epsn=epsn, pd=pd.handle, dqpn=0x200 + i,
                         pmtu=mr_pmtu if metaroce else pmtu, metaroce=metaroce)
-            qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn, pmtu=mr_pmtu if metaroce else pmtu))
+            qps.append(Qp(qpn, pd.handle, 0x200 + i, epsn, pmtu=mr_pmtu if metaroce else pmtu,
+                          metaroce=metaroce))
         target = Target(regions, qps, dead_rkeys=[guard.rkey ^ 0x5A5A5A5A, 0, 0xFFFFFFFF],
                         pmtu=pmtu, max_frame=None if mtu is None else mtu + F.ETH_LEN)
         gen = Generator(target, seed)

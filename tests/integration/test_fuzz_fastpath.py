@@ -42,6 +42,10 @@ def test_fuzz_keeps_every_invariant_and_reaches_every_deep_check(fuzzer):
     for r in ("placed", "atomic", "read_request", "ack"):
         assert rep["accepted_by_reason"].get(r, 0) > 20, rep["accepted_by_reason"]
     assert rep["replies"].get("ack", 0) > 0 and rep["replies"].get("nak_seq", 0) > 0
+    # the MetaRoCE-mode QP took MR_* requests of every kind (placement by PETH and RETH in
+    # every packet, receive WQEs by RSN, atomics and READs at the cumulative PSN)
+    mr = rep["metaroce_accepted_by_work"]
+    assert all(mr.get(k, 0) >= 20 for k in ("write", "send", "atomic", "read_request")), mr
 
 
 @pytest.mark.parametrize("fault, field", [("guard", "guard_bytes_changed"),
@@ -155,6 +159,12 @@ def test_jumbo_fuzz_runs_the_fragments_path_and_keeps_every_invariant(jumbo):
     assert rep["largest_frame"] > 9014
     assert rep["deep_reasons_missing"] == [] and set(rep["deep_reasons"]) == set(DEEP_REASONS)
     assert rep["accepted_by_reason"].get("placed", 0) > 500 and rep["final_write_ok"]
+    # the MetaRoCE-mode QP at the fitted path MTU (CM-14): payloads past the IB enum's 4096
+    # bytes, placed across fragments and checked like the rest
+    assert rep["pmtu_metaroce"] == 8000
+    mr = rep["metaroce_accepted_by_work"]
+    assert mr.get("write", 0) >= 20 and mr.get("send", 0) >= 10, mr
+    assert rep["metaroce_accepted_past_4096"] >= 20, rep["metaroce_accepted_past_4096"]
 
 
 @pytest.mark.parametrize("fault, field", [("lose_count", "unaccounted"),
