@@ -179,7 +179,8 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
     try:
         local_mtu, fitted = _mtu_offers(dev, mtu)
         txn = secrets.randbits(32)
-        req = _request(qp, txn, N.offer(want, paths, offer_int), local_mtu,
+        req = _request(qp, txn, N.offer(want, paths, offer_int, bool(dev.get("credits"))),
+                       local_mtu,
                        N.gid_of(_local_ip(qp, family)), attr, paths, fitted, version)
         ch.send(req, private_data)
         try:
@@ -227,7 +228,8 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
                                     rep.mtu64, caps), "mode": got_mode}
         qp.connect(remote, timeout=attr.get("timeout", 14), retry_cnt=attr.get("retry_cnt", 7),
                    rnr_retry=attr.get("rnr_retry", 7), integrity=N.integrity_of(caps),
-                   paths=N.paths_of(caps, req.max_paths, rep.max_paths))
+                   paths=N.paths_of(caps, req.max_paths, rep.max_paths),
+                   credit=N.credit_of(caps))
         ch.send(CMETH(cm_type=C.CmType.READY, txn_id=txn, qpn=qp.qp_num, start_psn=qp.psn,
                       version=version))
         return Connection(ctx, qp, ch, got_mode, caps, remote, private, txn, version)
@@ -338,7 +340,8 @@ class Listener:
             dev = self.ctx.query_device()
             try:
                 caps = N.accept(req, dev["mode"], allow_metaroce,
-                                integrity=_integrity_offer(dev, integrity))
+                                integrity=_integrity_offer(dev, integrity),
+                                credits=bool(dev.get("credits")))
                 if not paths:
                     caps &= ~C.Cap.MULTIPATH
             except N.Rejected as exc:
@@ -360,7 +363,8 @@ class Listener:
             qp.connect(remote, timeout=attr.get("timeout", 14),
                        retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7),
                        integrity=N.integrity_of(caps),
-                       paths=N.paths_of(caps, req.max_paths, my_paths))
+                       paths=N.paths_of(caps, req.max_paths, my_paths),
+                       credit=N.credit_of(caps))
             rep = CMETH(cm_type=C.CmType.CONNECT_REP, txn_id=req.txn_id, qpn=qp.qp_num,
                         start_psn=qp.psn, caps=caps, mtu=N.MTU_CODE[local_mtu], max_paths=my_paths,
                         max_rd_atomic=16, max_dest_rd_atomic=16,

@@ -10,7 +10,7 @@ from ..wire import consts as C
 from ..wire.headers import CMETH
 
 METAROCE_CAPS = int(C.Cap.SACK | C.Cap.PLACEMENT)     # the mandatory pair of MetaRoCE mode
-SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH) | int(C.Cap.CSUM)   # what this
+SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH) | int(C.Cap.CSUM) | int(C.Cap.CREDIT)   # what this
                                                        # implementation can accept (CSUM only
                                                        # where the device's policy allows it)
 DEFAULT_PATHS = 4          # MP-1: paths a MetaRoCE connection asks for unless told otherwise
@@ -39,19 +39,27 @@ def effective(caps: int) -> int:
     return caps if mode_of(caps) == "metaroce" else 0
 
 
-def offer(mode: str, paths: int = DEFAULT_PATHS, integrity: str = "icrc") -> int:
+def offer(mode: str, paths: int = DEFAULT_PATHS, integrity: str = "icrc",
+          credits: bool = False) -> int:
     """The caps an initiator offers for the mode it wants (MULTIPATH with MetaRoCE mode unless
-    paths is 0; CSUM when its device accepts the checksums in place of the ICRC, INT-1)."""
+    paths is 0; CSUM when its device accepts the checksums in place of the ICRC, INT-1; CREDIT
+    when its device grants receiver credits, CC-8: `metaroce up --credits`)."""
     if mode != "metaroce":
         return 0
     return METAROCE_CAPS | (int(C.Cap.MULTIPATH) if paths else 0) | \
-        (int(C.Cap.CSUM) if integrity == "csum" else 0)
+        (int(C.Cap.CSUM) if integrity == "csum" else 0) | (int(C.Cap.CREDIT) if credits else 0)
 
 
 def integrity_of(caps: int) -> str:
     """INT-1: the connection's end-to-end check, "csum" iff CSUM was accepted on a MetaRoCE
     connection, else the ICRC."""
     return "csum" if effective(caps) & C.Cap.CSUM else "icrc"
+
+
+def credit_of(caps: int) -> bool:
+    """CC-8: both ends accepted CREDIT, so each is a receiver that grants credits and a sender
+    that starts in credit mode (initial_credit packets) and obeys its peer's grants."""
+    return bool(effective(caps) & C.Cap.CREDIT)
 
 
 def local_paths(paths: int | None) -> int:
@@ -70,15 +78,18 @@ def paths_of(caps: int, req_max_paths: int, rep_max_paths: int) -> int:
 
 
 def accept(req: CMETH, device_mode: str, policy_allows: bool = True,
-           mandatory: bool = False, integrity: str = "icrc") -> int:
+           mandatory: bool = False, integrity: str = "icrc", credits: bool = False) -> int:
     """The caps a target answers (CM-5: offered AND supported AND permitted; unknown bits are
     cleared, never echoed). A target that cannot do MetaRoCE answers compat (0) unless the
     initiator marked MetaRoCE mandatory, then it rejects with UNSUPPORTED_CAPS (CM-6). CSUM is
-    permitted only when this device accepts the checksums (integrity "csum", INT-1)."""
+    permitted only when this device accepts the checksums (integrity "csum", INT-1), CREDIT
+    only when it grants receiver credits (credits, CC-8)."""
     validate(req)
     supported = SUPPORTED_CAPS if device_mode == "metaroce" and policy_allows else 0
     if integrity != "csum":
         supported &= ~int(C.Cap.CSUM)
+    if not credits:
+        supported &= ~int(C.Cap.CREDIT)
     caps = effective(req.caps & supported & C.CAPS_DEFINED)   # options need the pair (CM-5)
     if mandatory and mode_of(caps) != "metaroce":
         raise Rejected(C.CmReject.UNSUPPORTED_CAPS, "MetaRoCE mode was required and is not "

@@ -222,7 +222,7 @@ class Daemon:
             return {"endpoints": self.persistent.describe(d)}, []
         if op == "query_device":
             return {"limits": DEVICE_LIMITS, "mode": self.mode, "integrity": self.integrity,
-                    "xdp_mode": self.xdp_mode,
+                    "credits": d.credits is not None, "xdp_mode": self.xdp_mode,
                     "max_pmtu": d.max_pmtu(), "max_fitted_pmtu": d.max_pmtu(fitted=True),
                     "node_guid": f"{self.ifindex:016x}"}, []
         if op == "alloc_pd":

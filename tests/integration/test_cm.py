@@ -30,9 +30,9 @@ def lab(module_lab_name):
 
 
 class Side:
-    def __init__(self, view, host, mode, integrity="icrc"):
+    def __init__(self, view, host, mode, integrity="icrc", credits=None):
         self.dev = d.DeviceId("eth0", view.plan.node(host).netns)
-        d.start_background(self.dev, mode, integrity=integrity)
+        d.start_background(self.dev, mode, integrity=integrity, credits=credits)
         self.ctx = Context("eth0", self.dev.netns)
         self.pd = PD(self.ctx)
         self.mr = MR(self.pd, 1 << 20, ACCESS)
@@ -145,6 +145,41 @@ def test_csum_is_negotiated_only_when_both_devices_take_it(sides):
         ca, out = connect_pair(view, a, b, 18621)
         assert ca.integrity == out["conn"].integrity == "icrc" and not ca.caps & 0x40
         assert ca.qp.query()["integrity"] == "icrc"
+        ca.close()
+        out["conn"].close()
+    finally:
+        b.close()
+        b.__init__(view, "h2", "metaroce")
+
+
+def test_credit_is_negotiated_only_when_both_devices_grant(sides):
+    """CM-5 and CC-8: with both devices started --credits the connection takes CREDIT and both
+    QPs start in credit mode (a limit PSN of their own, initial_credit past their start) and
+    still move data; with one of them without credits, neither does."""
+    from metaroce.nic.credit import CreditConfig
+    view, a, b = sides
+    try:
+        for side, host in ((a, "h1"), (b, "h2")):
+            side.close()
+            side.__init__(view, host, "metaroce", credits=CreditConfig())
+        assert a.ctx.query_device()["credits"] and b.ctx.query_device()["credits"]
+        ca, out = connect_pair(view, a, b, 18630)
+        cb = out["conn"]
+        assert ca.caps & 0x08 and cb.caps & 0x08, (ca.caps, cb.caps)
+        for conn in (ca, cb):
+            q = conn.qp.query()
+            assert q["credit_limit_psn"] is not None, q
+        write_and_check(a, b, ca, 300000)        # grants let the whole message through
+        ca.close()
+        cb.close()
+        a.close()
+        a.__init__(view, "h1", "metaroce")       # h1 grants no credits
+        assert not a.ctx.query_device()["credits"]
+        ca, out = connect_pair(view, a, b, 18631)
+        assert not ca.caps & 0x08 and not out["conn"].caps & 0x08
+        assert ca.qp.query()["credit_limit_psn"] is None
+        assert out["conn"].qp.query()["credit_limit_psn"] is None
+        write_and_check(a, b, ca, 100000)
         ca.close()
         out["conn"].close()
     finally:

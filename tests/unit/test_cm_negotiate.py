@@ -17,12 +17,23 @@ def req(**kw):
     return CMETH(**{**base, **kw})
 
 
+@pytest.mark.parametrize("credits", [False, True])
 @pytest.mark.parametrize("offered", range(0, 64))
-def test_answer_is_the_and_of_offer_and_support(offered):
-    """CM-5: offered AND supported; MetaRoCE iff both SACK and PLACEMENT survive."""
-    got = N.accept(req(caps=offered, max_paths=1), "metaroce")
-    assert got == offered & N.SUPPORTED_CAPS if offered & 3 == 3 else got == 0
+def test_answer_is_the_and_of_offer_and_support(offered, credits):
+    """CM-5: offered AND supported; MetaRoCE iff both SACK and PLACEMENT survive; CREDIT is
+    supported only by a device that grants credits (CC-8)."""
+    got = N.accept(req(caps=offered, max_paths=1), "metaroce", credits=credits)
+    supported = N.SUPPORTED_CAPS & ~(0 if credits else Cap.CREDIT)
+    assert got == offered & supported if offered & 3 == 3 else got == 0
     assert N.mode_of(got) == ("metaroce" if offered & 3 == 3 else "roce")
+    assert N.credit_of(got) == bool(credits and offered & Cap.CREDIT and offered & 3 == 3)
+
+
+def test_credit_is_offered_by_a_device_that_grants():
+    assert N.offer("metaroce", credits=True) & Cap.CREDIT
+    assert not N.offer("metaroce") & Cap.CREDIT
+    assert N.offer("roce", credits=True) == 0
+    assert not N.credit_of(Cap.CREDIT)                  # without the pair it means nothing
 
 
 def test_unknown_bits_are_cleared_not_echoed():
