@@ -78,7 +78,7 @@ class CreditConfig:
         for name, hi in (("base_rtt_s", 1.0), ("idle_s", 60.0), ("tick_s", 60.0),
                          ("quiet_tick_s", 60.0)):
             check(name, 1e-6, hi, unit=" s")
-        check("pmtu", 256, 4096, int)
+        check("pmtu", 256, 8192, int)
         check("min_senders", 1, 1 << 20, int)
         check("min_share", 1, 1 << 24, int)
         return self

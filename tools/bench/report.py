@@ -282,6 +282,17 @@ INCAST_LABELS = {"metaroce": "MetaRoCE", "roce": "RoCEv2 (go-back-N)", "tcp": "T
                  "metaroce_credits": "MetaRoCE + credits"}
 
 
+def _credit_bdp(doc) -> str:
+    """The receiver's BDP in packets as its credit manager counted it (its status in the run)."""
+    for per in doc.get("raw", {}).values():
+        for run in per.get("metaroce_credits", []):
+            rc = run.get("receiver_credits") or {}
+            if rc.get("bdp_pkts"):
+                return (f"here {rc['bdp_pkts']} packets for "
+                        f"{rc['link_rate_bps'] / 1e6:g} Mbit/s × {rc['base_rtt_us'] / 1e3:g} ms")
+    return "its BDP in packets"
+
+
 def incast(doc) -> list[str]:
     cr = doc["credits"]
     out = ["### Incast on the lab (real data path)", "", where(doc) + ".", "",
@@ -322,7 +333,7 @@ def incast(doc) -> list[str]:
             "line-rate start), more than the 1000-frame queue holds from N = 8 on; after that "
             "the marks hold the queue down and SACK repairs only what was lost, so no QP fails. "
             "With receiver credits a QP that connects beside others starts limited to its share "
-            "of the receiver link's BDP (here 48 packets for 200 Mbit/s × 2 ms) until it sends, "
+            f"of the receiver link's BDP ({_credit_bdp(doc)}) until it sends, "
             "and the active senders keep their shares, so the queue stays a few tens of KB deep "
             "and nothing is dropped. A RoCEv2 QP keeps up to 1024 PSNs in flight, its first "
             "window leaves before the first CNP returns, DCQCN's 55 µs timers restore its rate "
