@@ -10,9 +10,9 @@ from ..wire import consts as C
 from ..wire.headers import CMETH
 
 METAROCE_CAPS = int(C.Cap.SACK | C.Cap.PLACEMENT)     # the mandatory pair of MetaRoCE mode
-SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH) | int(C.Cap.CSUM) | int(C.Cap.CREDIT)   # what this
-                                                       # implementation can accept (CSUM only
-                                                       # where the device's policy allows it)
+# what this implementation can accept (CSUM only where the device accepts the checksums, CREDIT
+# only where it grants receiver credits)
+SUPPORTED_CAPS = METAROCE_CAPS | int(C.Cap.MULTIPATH) | int(C.Cap.CSUM) | int(C.Cap.CREDIT)
 DEFAULT_PATHS = 4          # MP-1: paths a MetaRoCE connection asks for unless told otherwise
 LOCAL_MAX_PATHS = 8        # what this data path sprays over (metaroce/nic/paths.py)
 MR_WINDOW = 128            # SACK-1: the receive window W the data path enforces and advertises

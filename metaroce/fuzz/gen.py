@@ -72,7 +72,9 @@ class Qp:
     pmtu: int = 0                     # its path MTU (0: the target's); a MetaRoCE QP's may be
                                       # a fitted one (CM-14), beyond the IB enum's 4096
     metaroce: bool = False            # MetaRoCE mode: most of its requests are MR_* opcodes
-    rsn: int = 0                      # MetaRoCE: the receive WQE number its SENDs name next
+    rsn: int = 0                      # MetaRoCE: the first receive WQE number its SENDs may
+                                      # name (the ring's consumer index: nothing completes
+                                      # receives in the fuzzers, so it stays where it began)
 
 
 @dataclass
