@@ -85,12 +85,21 @@ class CreditConfig:
 
     @property
     def bdp_pkts(self) -> int:
-        return max(1, int(self.link_rate_bps * self.base_rtt_s / 8 / self.pmtu))
+        return self.bdp_pkts_of(self.pmtu)
+
+    def bdp_pkts_of(self, pmtu: int) -> int:
+        """The link's BDP in packets of pmtu bytes."""
+        return max(1, int(self.link_rate_bps * self.base_rtt_s / 8 / pmtu))
 
     def describe(self) -> dict:
         return {"enabled": True, "link_rate_bps": self.link_rate_bps,
                 "base_rtt_us": round(self.base_rtt_s * 1e6, 1), "bdp_pkts": self.bdp_pkts,
                 "min_senders": self.min_senders, "idle_s": self.idle_s}
+
+
+def _pmtu(q) -> int | None:
+    """A QP's path MTU (None before it is connected: the device's is used)."""
+    return getattr(q, "pmtu", None) or None
 
 
 class CreditGranter:
@@ -121,16 +130,15 @@ class CreditGranter:
             if self.active_until.get(q.qpn, 0.0) > now:
                 active.append(q.qpn)
         fresh = [q.qpn for q in live if q.qpn in self.fresh]
+        pmtu = {q.qpn: _pmtu(q) for q in live}
         n = len(active)
         self.next_tick = now + (self.cfg.tick_s if n or fresh else self.cfg.quiet_tick_s)
         self.stats["incast_active_max"] = max(self.stats["incast_active_max"], n)
-        share = self.share(n)
-        want = {qpn: share for qpn in active} if share else {}
+        want = {qpn: self.share(n, pmtu[qpn]) for qpn in active}
         # admitted QPs that have not sent yet keep a share for their first round trip: what
         # each would get if all of them started now beside the active ones
-        first = self.share(n + len(fresh))
-        if first:
-            want.update((qpn, first) for qpn in fresh)
+        want.update((qpn, self.share(n + len(fresh), pmtu[qpn])) for qpn in fresh)
+        want = {qpn: s for qpn, s in want.items() if s}
         for qpn in set(self.granted) | set(want):
             s = want.get(qpn, 0)
             if s != self.granted.get(qpn, 0):
@@ -150,18 +158,20 @@ class CreditGranter:
         self.seen[qpn] = self.rx.qp_epsn(qpn)       # it is fresh until this moves
         self.stats["credit_admitted"] += 1
         live = sum(1 for q in qps if q.state == "RTS" and q.metaroce and q.qpn != qpn) + 1
-        share = self.share(live)
+        share = self.share(live, next((_pmtu(q) for q in qps if q.qpn == qpn), None))
         if share:
             self.rx.set_credit(qpn, share)
             self.granted[qpn] = share
             self.stats["credit_updates"] += 1
         self.next_tick = min(self.next_tick, now + self.cfg.tick_s)
 
-    def share(self, senders: int) -> int:
-        """Each sender's share of the link's BDP in packets, 0 (no limit) below min_senders."""
+    def share(self, senders: int, pmtu: int | None = None) -> int:
+        """Each sender's share of the link's BDP, in packets of pmtu bytes (its QP's path MTU:
+        shares are bytes, counted in each QP's packets; None: the device's), 0 (no limit)
+        below min_senders."""
         if senders < self.cfg.min_senders:
             return 0
-        return max(self.cfg.min_share, self.cfg.bdp_pkts // senders)
+        return max(self.cfg.min_share, self.cfg.bdp_pkts_of(pmtu or self.cfg.pmtu) // senders)
 
     def forget(self, qpn: int) -> None:
         for d in (self.seen, self.active_until, self.granted):

@@ -162,9 +162,10 @@ class Daemon:
         self.cc.link_rate_bps = self.cc.link_rate_bps or speed
         self.device = Device(self.rx, self.ifindex, mode, credits, self.integrity, self.cc)
         if credits is not None:
-            # shares are counted in packets of the path MTU MetaRoCE connections take here (the
-            # fitted one, CM-14: 1344 bytes at MTU 1500, where a power of two gave 1024 and
-            # every share 1.3 times the bytes it meant)
+            # a share is bytes, counted in packets of each QP's own path MTU; this one (the
+            # fitted MTU MetaRoCE connections take here, CM-14: 1344 bytes at MTU 1500) is the
+            # BDP `status` shows and what a QP without one yet is counted in (a power of two,
+            # 1024, made every 1344-byte QP's share 1.3 times the bytes it meant)
             credits.pmtu = self.device.max_pmtu(fitted=True)
         os.makedirs(RUN_DIR, exist_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -20,8 +20,8 @@ class FakeRx:
 
 
 class Q:
-    def __init__(self, qpn, metaroce=True):
-        self.qpn, self.metaroce, self.state = qpn, metaroce, "RTS"
+    def __init__(self, qpn, metaroce=True, pmtu=None):
+        self.qpn, self.metaroce, self.state, self.pmtu = qpn, metaroce, "RTS", pmtu
 
 
 @pytest.mark.parametrize("text,bps", [("150mbit", 150e6), ("10G", 10e9), ("25e9", 25e9),
@@ -90,3 +90,20 @@ def test_a_lone_fresh_qp_is_not_limited():
     assert rx.map == {}
     g.forget(7)
     assert not g.fresh
+
+
+def test_shares_are_bytes_counted_in_each_qps_packets():
+    """A share is the QP's part of the BDP in bytes, counted in packets of its own path MTU:
+    a QP at 2048 bytes gets half the packets of one at 1024 (the device's own MTU counts for a
+    QP that has none yet)."""
+    cfg = CreditConfig(link_rate_bps=100e6, base_rtt_s=2e-3, pmtu=1344, tick_s=0.001)
+    assert cfg.bdp_pkts == 18 and cfg.bdp_pkts_of(1024) == 24 and cfg.bdp_pkts_of(2048) == 12
+    rx, qps = FakeRx(), [Q(1, pmtu=1024), Q(2, pmtu=2048), Q(3)]
+    g = CreditGranter(rx, cfg)
+    rx.epsn = {1: 1, 2: 1, 3: 1}
+    g.tick(qps, 0.0)
+    rx.epsn = {1: 2, 2: 2, 3: 2}
+    g.tick(qps, 0.002)
+    assert rx.map == {1: 8, 2: 4, 3: 6}           # 24 // 3, 12 // 3, 18 // 3
+    g.admit(4, qps + [Q(4, pmtu=8000)], 0.003)
+    assert rx.map[4] == 2                          # 3 packets of 8000 // 4, at least min_share
