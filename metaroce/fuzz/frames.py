@@ -111,6 +111,18 @@ def l4_bounds(frame) -> tuple[int, int, int] | None:
     return ver, udp + UDP_LEN, end
 
 
+def payload_len(frame) -> int | None:
+    """The payload bytes of a RoCE frame as its UDP length, opcode and pad count say (what a
+    receiver places); None when l4_bounds cannot parse it or its headers do not fit."""
+    b = l4_bounds(frame)
+    if b is None:
+        return None
+    _v, bth, end = b
+    n = end - ICRC_LEN - (bth + BTH_LEN + header_offsets(frame[bth])["_end"]) - \
+        ((frame[bth + 1] >> 4) & 3)
+    return n if n >= 0 else None
+
+
 def fix_icrc(frame: bytearray) -> bool:
     """Recompute the ICRC where a receiver looks for it (the UDP length field says where the
     transport ends), the IPv4 header checksum and then the UDP checksum (so the frame passes a

@@ -283,7 +283,7 @@ class Generator:
         ops = ([O.RC_RDMA_WRITE_FIRST] + [O.RC_RDMA_WRITE_MIDDLE] * (n - 2) +
                [r.choice((O.RC_RDMA_WRITE_LAST, O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE))]) if write \
             else ([O.RC_SEND_FIRST] + [O.RC_SEND_MIDDLE] * (n - 2) + [O.RC_SEND_LAST])
-        if qp.metaroce and r.random() < MR_SHARE:         # one message, one mode
+        if self.mode_op(qp, ops[0]) != ops[0]:            # one message, one mode
             ops = [_MR_OF[op] for op in ops]
         total = self._mtu(qp) * (n - 1) + tail
         for i, op in enumerate(ops):

@@ -527,7 +527,7 @@ class FastPathFuzzer:
         mb = {"frames": 0, "accepted": 0, "passed": 0, "split": 0, "largest": 0}
         mb_work: dict = {}                     # accepted multi-buffer frames by kind of work
         mr_work: dict = {}                     # MetaRoCE QPs' accepted MR_* packets, by work
-        mr_big = 0                             # ... of them longer than the IB enum's 4096 B
+        mr_big = 0                             # ... of them with payloads past the IB enum's 4096
         view = {"bytes": 0, "multi": 0, "dirty": False}   # since the last port-counter check
         jumbo = self.max_frame is not None
         split = self._split if self.can_split else (lambda _f: None)
@@ -660,7 +660,7 @@ class FastPathFuzzer:
                     if b and b[2] in MR_QPS and b[1] >= 0xC0:
                         k = _work(b[1])
                         mr_work[k] = mr_work.get(k, 0) + 1
-                        mr_big += n > F.ETH_LEN + F.IP4_LEN + F.UDP_LEN + 4096 + 64
+                        mr_big += (F.payload_len(frame) or 0) > 4096
                     if b and b[2] in qps:
                         self._allow(allowed, frame, b)
                         if b[1] in resync_ops:               # READ: epsn moves by its packets

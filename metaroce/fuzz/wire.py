@@ -150,13 +150,13 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
                 batches += 1
                 if batches % SYNC_EVERY == 0:              # follow the QPs' expected PSNs
                     time.sleep(0.002)
-                    for i, q in enumerate(qps):
+                    for q in qps:
                         st = ctx.request("raw_qp_state", qpn=q.qpn)[0]
                         q.epsn = st["epsn"]
                         if st["state"] == QP_RX_ERROR:     # a fatal NAK: re-arm (as the
                             rearmed += 1                   # BPF_PROG_TEST_RUN harness does)
                             ctx.request("set_qp", qpn=q.qpn, epsn=q.epsn, pd=pd.handle,
-                                        dqpn=q.dqpn, pmtu=q.pmtu, metaroce=i == 3)
+                                        dqpn=q.dqpn, pmtu=q.pmtu, metaroce=q.metaroce)
                     if progress and batches % 200 == 0:
                         progress(sent + refused, time.monotonic() - t0)
         finally:

@@ -97,11 +97,6 @@ class CreditConfig:
                 "min_senders": self.min_senders, "idle_s": self.idle_s}
 
 
-def _pmtu(q) -> int | None:
-    """A QP's path MTU (None before it is connected: the device's is used)."""
-    return getattr(q, "pmtu", None) or None
-
-
 class CreditGranter:
     """Decides each MetaRoCE QP's share every tick_s and writes it to the kernel's map."""
 
@@ -130,7 +125,7 @@ class CreditGranter:
             if self.active_until.get(q.qpn, 0.0) > now:
                 active.append(q.qpn)
         fresh = [q.qpn for q in live if q.qpn in self.fresh]
-        pmtu = {q.qpn: _pmtu(q) for q in live}
+        pmtu = {q.qpn: q.pmtu for q in live}
         n = len(active)
         self.next_tick = now + (self.cfg.tick_s if n or fresh else self.cfg.quiet_tick_s)
         self.stats["incast_active_max"] = max(self.stats["incast_active_max"], n)
@@ -158,7 +153,7 @@ class CreditGranter:
         self.seen[qpn] = self.rx.qp_epsn(qpn)       # it is fresh until this moves
         self.stats["credit_admitted"] += 1
         live = sum(1 for q in qps if q.state == "RTS" and q.metaroce and q.qpn != qpn) + 1
-        share = self.share(live, next((_pmtu(q) for q in qps if q.qpn == qpn), None))
+        share = self.share(live, next((q.pmtu for q in qps if q.qpn == qpn), None))
         if share:
             self.rx.set_credit(qpn, share)
             self.granted[qpn] = share

@@ -328,6 +328,7 @@ def main() -> int:
         lab.start(["--no-credits"] if credits else [])
         setup["daemons_start_s"] = round(time.monotonic() - t, 1)
         lab.open()
+        pmtu = {m: path_mtu(m, *lab.ctx.values()) for m in ("metaroce", "roce")}  # rdma_run's
         for n in ns:
             for r in range(runs):
                 for c in contenders:
@@ -360,7 +361,7 @@ def main() -> int:
                         "namespaces on one VM), not a simulation",
                 "runs": runs, "seconds": secs, "rate_bps": rate, "ecn_threshold_bytes": 65536,
                 "queue_limit_frames": 1000, "msg_bytes": MSG, "depth_per_qp": DEPTH,
-                "senders": ns, "contenders": contenders + phase2,
+                "senders": ns, "contenders": contenders + phase2, "pmtu": pmtu,
                 "credits": ({"supported": True, "link_rate_bps": rate,
                              "credit_rtt_us": CREDIT_RTT_US,
                              "how": "receiver daemon restarted with --credits after the other "

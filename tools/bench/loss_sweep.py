@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-from benchlab import close_pair, header, pyplot, qp_pair, save_figure, summary, two_hosts
+from benchlab import (close_pair, header, path_mtu, pyplot, qp_pair, save_figure, summary,
+                      two_hosts)
 from metaroce.lab.impair import Impairment
 from metaroce.verbs import (IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_WC_SUCCESS,
                             IBV_WR_RDMA_WRITE, Context, SendWR, wc_status_str)
@@ -131,6 +132,7 @@ def main() -> int:
         view = lab.view
         c1 = Context("eth0", lab.ns1, timeout_s=120)
         c2 = Context("eth0", lab.ns2, timeout_s=120)
+        pmtu = {m: path_mtu(m, c1, c2) for m in ("metaroce", "roce")}    # qp_pair's
         for loss in losses:
             raw = {"metaroce": [], "roce": [], "tcp": []}
             for r in range(runs):
@@ -158,7 +160,7 @@ def main() -> int:
             points.append(pt)
         c1.close()
         c2.close()
-    doc = {**header("loss_sweep"), "runs": runs, "seconds": secs, "size": a.size,
+    doc = {**header("loss_sweep"), "runs": runs, "seconds": secs, "size": a.size, "pmtu": pmtu,
            "depth": a.depth, "impaired": "udp 4791" if a.roce_only else "all ip", "points": points}
     out = os.path.join(HERE, "results", "loss_sweep.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -120,6 +120,7 @@ def main() -> int:
         pids = lab.pids
         c1 = Context("eth0", lab.ns1, timeout_s=120)
         c2 = Context("eth0", lab.ns2, timeout_s=120)
+        pmtu = {"metaroce": path_mtu("metaroce", c1, c2)}                 # one()'s
         for n in sizes:
             rs = []
             for r in range(runs):
@@ -143,7 +144,7 @@ def main() -> int:
                          "state_tables_fixed_bytes": rs[0]["state_tables_bytes"][str(pids[1])]})
         c1.close()
         c2.close()
-    doc = {**header("qp_scale"), "runs": runs, "seconds": secs, "msg_bytes": MSG,
+    doc = {**header("qp_scale"), "runs": runs, "seconds": secs, "msg_bytes": MSG, "pmtu": pmtu,
            "depth_per_qp": DEPTH, "rows": rows}
     out = os.path.join(HERE, "results", "qp_scale.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -98,7 +98,8 @@ def loss_sweep(doc) -> list[str]:
            f"`{doc.get('command', 'sudo .venv/bin/python tools/bench/loss_sweep.py --quick')}` — "
            f"{doc['machine']['host']}, "
            f"kernel {doc['machine']['kernel']}, {doc['date']}; {doc['size']}-byte WRITEs, "
-           f"{doc['depth']} in flight, one QP{_at_pmtu(doc)}, median (min–max) of {doc['runs']} runs of "
+           f"{doc['depth']} in flight, one QP{_at_pmtu(doc)}, median (min–max) of "
+           f"{doc['runs']} runs of "
            f"{doc['seconds']} s per point; loss from the lab's XDP impairment on h1's link, both "
            f"ways, on {what}; the switch forwards in XDP at every point (loss alone keeps it "
            "there)", "",
@@ -131,7 +132,8 @@ def qp_scale(doc) -> list[str]:
     cmd = doc.get("command", "sudo .venv/bin/python tools/bench/qp_scale.py --quick")
     out = ["### Many QPs", "",
            f"`{cmd}` — {doc['machine']['host']}, "
-           f"{doc['date']}; MetaRoCE mode{_at_pmtu(doc)}, {doc['msg_bytes']}-byte WRITEs, {doc['depth_per_qp']} "
+           f"{doc['date']}; MetaRoCE mode{_at_pmtu(doc)}, {doc['msg_bytes']}-byte WRITEs, "
+           f"{doc['depth_per_qp']} "
            f"in flight per QP, median of {doc['runs']} runs of {doc['seconds']} s", "",
            "| QPs | goodput Gbit/s (min–max) | vs 1 QP | Jain fairness | daemon RSS KiB per QP "
            "(requester / responder) | kernel QP state bytes per QP (requester / responder) | "
@@ -255,12 +257,14 @@ def where(doc) -> str:
 
 
 def _at_pmtu(doc) -> str:
-    """Where the benchmark connected its QPs by hand at the path MTU the CM picks
-    (benchlab.path_mtu, from 2026-12-07): say so; older results were at 1024."""
-    d = doc.get("date", "")
-    if d >= "2026-12-07 21:4":
-        return " (at the path MTU the CM picks: 1,344 bytes in MetaRoCE mode, 1,024 in RoCEv2 mode)"
-    return " (at path MTU 1,024)"
+    """The path MTU the benchmark connected its QPs at by hand: the CM's pick
+    (benchlab.path_mtu), by mode as the run recorded it."""
+    p = doc.get("pmtu")
+    if not p:
+        return " (at the path MTU the CM picks, benchlab.path_mtu)"
+    return " (at the path MTU the CM picks: " + ", ".join(
+        f"{v:,} bytes in {'MetaRoCE' if k == 'metaroce' else 'RoCEv2'} mode"
+        for k, v in p.items()) + ")"
 
 
 def num(v: float, fmt: str | None = None) -> str:
@@ -444,21 +448,14 @@ def allreduce(doc, name: str = "allreduce") -> list[str]:
            "| bytes | algorithm | MetaRoCE (ICRC) busbw Gbit/s | MetaRoCE (CSUM) busbw Gbit/s | "
            "Gloo busbw Gbit/s | ICRC / Gloo | CSUM / Gloo | MetaRoCE (CSUM) µs | Gloo µs | "
            "sent/volume |", "|---|---|---|---|---|---|---|---|---|---|"]
-
-    def med(r, k):
-        v = r.get(k)
-        return v if isinstance(v, dict) else {"median": v, "min": v, "max": v}
-
     for r in doc["rows"]:
-        csum = med(r, "metaroce_csum_busbw_gbps") if "metaroce_csum_busbw_gbps" in r else None
-        out.append(f"| {r['bytes']:,} | {r.get('algorithm', 'ring')} | "
-                   f"{rng(med(r, 'metaroce_busbw_gbps'), fmt='{:.3f}')} | "
-                   f"{rng(csum, fmt='{:.3f}')} | "
-                   f"{rng(med(r, 'gloo_busbw_gbps'), fmt='{:.3f}')} | "
-                   f"**{(r['ratio'] or 0):.2f}** | "
-                   f"**{(r.get('ratio_csum') or 0):.2f}** | "
-                   f"{rng(med(r, 'metaroce_csum_us') if csum else None, fmt='{:.0f}')} | "
-                   f"{rng(med(r, 'gloo_us'), fmt='{:.0f}')} | "
+        out.append(f"| {r['bytes']:,} | {r['algorithm']} | "
+                   f"{rng(r['metaroce_busbw_gbps'], fmt='{:.3f}')} | "
+                   f"{rng(r['metaroce_csum_busbw_gbps'], fmt='{:.3f}')} | "
+                   f"{rng(r['gloo_busbw_gbps'], fmt='{:.3f}')} | "
+                   f"**{(r['ratio'] or 0):.2f}** | **{(r['ratio_csum'] or 0):.2f}** | "
+                   f"{rng(r['metaroce_csum_us'], fmt='{:.0f}')} | "
+                   f"{rng(r['gloo_us'], fmt='{:.0f}')} | "
                    f"{r['metaroce_sent_per_iter'] / max(1, r['ring_volume']):.3f} |")
     out += ["", f"![allreduce](../tools/bench/results/{name}.png)", ""]
     return out
