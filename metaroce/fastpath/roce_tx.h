@@ -135,4 +135,8 @@ uint32_t mr_roce_icrc(const uint8_t *frame, uint32_t len);
  * in network byte order as a number (0x0000 .. 0xFFFF; not complemented). */
 uint32_t mr_csum16(const uint8_t *p, uint32_t n, uint32_t seed);
 
+/* Copy n bytes from src to dst (not overlapping) and return their sum as mr_csum16(src, n, 0)
+ * does, in the same pass over the bytes. */
+uint32_t mr_copy_sum(uint8_t *dst, const uint8_t *src, uint32_t n);
+
 #endif
