@@ -53,9 +53,24 @@ static __always_inline void port_count_one(u32 which)
         (*c)++;
 }
 
+/* An event to the data path thread. A wakeup is a self-IPI (irq_work), a VM exit on a virtual
+ * machine: the ring's own rule (wake when the reader has caught up) paid one for nearly every
+ * event while the thread polls. So an event wakes the thread only when its ev_sleep says it
+ * sleeps. The thread sets ev_sleep, then looks at the ring once more before it sleeps; the
+ * record is published (its commit is an xchg, a full barrier) before ev_sleep is read again
+ * here: either the thread sees the record, or this sees ev_sleep set and wakes it (with an
+ * empty record, discarded, when the event itself went out without a wakeup). */
 static __always_inline void emit(struct nic_event *ev)
 {
-    u32 k = events.ringbuf_output(ev, sizeof(*ev), 0) ? 1 : 0;
+    u32 zero = 0;
+    u32 *sleeping = ev_sleep.lookup(&zero);
+    u64 flags = sleeping && *(volatile u32 *)sleeping ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+    u32 k = events.ringbuf_output(ev, sizeof(*ev), flags) ? 1 : 0;
+    if (flags == BPF_RB_NO_WAKEUP && sleeping && *(volatile u32 *)sleeping) {
+        void *w = events.ringbuf_reserve(8);
+        if (w)
+            events.ringbuf_discard(w, BPF_RB_FORCE_WAKEUP);
+    }
     u64 *c = ev_counters.lookup(&k);
     if (c)
         (*c)++;

@@ -33,6 +33,9 @@ BPF_HASH_OF_MAPS(rqs, u32, "rq_tmpl", MAX_QPS);     /* local QPN -> its receive 
 BPF_F_TABLE("hash", u64, struct rd_slot, rd_slots, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, slot) -> outstanding READ/ATOMIC */
 BPF_F_TABLE("hash", u64, struct atomic_saved, atomic_results, MAX_QPS * 4, BPF_F_NO_PREALLOC_);  /* (QPN, PSN slot) -> result */
 BPF_RINGBUF_OUTPUT(events, 256);                    /* completions and requests for user space */
+/* 1 while the data path thread sleeps on the event ring, 0 while it polls it: written by the
+ * daemon (mmap-able), read by emit(), which wakes the thread only when it sleeps */
+BPF_F_TABLE("array", u32, u32, ev_sleep, 1, BPF_F_MMAPABLE_);
 BPF_PERCPU_ARRAY(rx_counters, u64, RX_NREASONS);
 BPF_PERCPU_ARRAY(tx_counters, u64, TX_NCOUNTERS);
 BPF_PERCPU_ARRAY(port_counters, u64, PORT_NCOUNTERS);  /* frames and bytes in and out (port) */

@@ -225,8 +225,12 @@ static void *dp_main(void *arg)
             pthread_mutex_lock(&d->lock);
             continue;
         }
-        /* sleep: tell every ring's owner to ring its doorbell, then look once more */
+        /* sleep: tell every ring's owner to ring its doorbell and the NIC to wake us (a
+         * sequentially consistent store: the look at the ring below cannot pass it), then
+         * look once more */
+        __atomic_store_n(d->ev_sleep, 1, __ATOMIC_SEQ_CST);
         if ((d->nscan && mr_vqs_sleep(d->scan, d->nscan)) || mr_evring_pending(d->ev)) {
+            __atomic_store_n(d->ev_sleep, 0, __ATOMIC_RELAXED);
             mr_vqs_wake(d->scan, d->nscan);
             continue;
         }
@@ -235,6 +239,7 @@ static void *dp_main(void *arg)
         struct timespec ts = {timeout / 1000000000, timeout % 1000000000};
         pthread_mutex_unlock(&d->lock);
         int n = epoll_pwait2(d->epfd, evs, 32, &ts, NULL);
+        __atomic_store_n(d->ev_sleep, 0, __ATOMIC_RELAXED);      /* polling again */
         pthread_mutex_lock(&d->lock);
         int64_t t2 = dp_now();
         if (d->scan_stale)
@@ -334,6 +339,14 @@ struct mr_dp *mr_dp_new(const struct mr_dp_cfg *cfg, int *err, const char **stag
         rc = errno;
         goto fail;
     }
+    d->ev_sleep = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       cfg->ev_sleep_fd, 0);
+    if (d->ev_sleep == MAP_FAILED) {
+        *stage = "the event ring's sleep flag";
+        d->ev_sleep = NULL;
+        rc = errno;
+        goto fail;
+    }
     d->epfd = epoll_create1(EPOLL_CLOEXEC);
     d->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     d->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -405,6 +418,10 @@ void mr_dp_free(struct mr_dp *d)
         mr_evring_close(d->ev);
     if (d->sq_psns)
         munmap(d->sq_psns, d->sq_psns_bytes);
+    if (d->ev_sleep) {
+        __atomic_store_n(d->ev_sleep, 0, __ATOMIC_RELEASE);   /* nobody sleeps on it now */
+        munmap(d->ev_sleep, (size_t)sysconf(_SC_PAGESIZE));
+    }
     int fds[] = {d->epfd, d->wake_fd, d->async_fd};
     for (unsigned i = 0; i < 3; i++)
         if (fds[i] >= 0)

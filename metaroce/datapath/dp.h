@@ -35,6 +35,7 @@ struct mr_dp_cfg {
     int ifindex;
     uint32_t queue;            /* the AF_XDP socket's queue */
     int events_fd;             /* the NIC program's ring buffer (events) */
+    int ev_sleep_fd;           /* its mmap-able flag: 1 while this thread sleeps on the ring */
     int sq_psns_fd;            /* its mmap-able array of each QP's next PSN (u64 entries) */
     uint32_t sq_psns_entries;
     int rd_slots_fd;           /* its hash (QPN << 32 | idx % RD_DEPTH) -> struct rd_slot */

@@ -100,6 +100,7 @@ struct mr_dp {
     int epfd, wake_fd, async_fd;
     uint64_t *sq_psns;         /* mmap of the kernel's next-PSN array */
     size_t sq_psns_bytes;
+    uint32_t *ev_sleep;        /* mmap of the NIC's ev_sleep: set while this thread sleeps */
     /* QPs: an array, found by QPN through an open-addressing index, by engine handle */
     struct dp_qp *qps;
     uint32_t nqps;

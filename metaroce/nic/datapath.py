@@ -77,6 +77,7 @@ class DataPath:
         cfg.ifindex = ifindex
         cfg.queue = 0
         cfg.events_fd = rx.events_fd
+        cfg.ev_sleep_fd = rx.ev_sleep_fd
         cfg.sq_psns_fd = rx.sq_psns_fd
         cfg.sq_psns_entries = rx.max_qps
         cfg.rd_slots_fd = rx.rd_slots_fd

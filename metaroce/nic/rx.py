@@ -182,6 +182,7 @@ class RxPath:
         self.qps_fd = self._qps_fd
         self._atomic_fd = self.bpf[b"atomic_results"].map_fd
         self.events_fd = self.bpf[b"events"].map_fd
+        self.ev_sleep_fd = self.bpf[b"ev_sleep"].map_fd
         self._credit_fd = self.bpf[b"credit"].map_fd
         libbpf.map_update_raw(self.bpf[b"crc_tab"].map_fd, struct.pack("=I", 0), crc32_slice8_tables())
         self.mrs: dict[int, MemoryRegion] = {}
