@@ -177,7 +177,7 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
     ch = Channel(s, f"{ip} port {port}")
     qp = QP(pd, QPInitAttr(send_cq, recv_cq or send_cq, cap or QPCap()))
     try:
-        local_mtu, fitted = _mtu_offers(dev, mtu)
+        local_mtu, fitted = _mtu_offers(dev, mtu, family)
         txn = secrets.randbits(32)
         req = _request(qp, txn, N.offer(want, paths, offer_int, bool(dev.get("credits"))),
                        local_mtu,
@@ -239,10 +239,13 @@ def _connect(ctx: Context, ip: str, port: int = DEFAULT_PORT, *, pd: PD, send_cq
         raise
 
 
-def _mtu_offers(dev: dict, cap: int | None) -> tuple[int, int]:
+def _mtu_offers(dev: dict, cap: int | None, family: int) -> tuple[int, int]:
     """This end's two offers (CM-1, CM-14): the largest IB MTU and the largest fitted MTU its
-    device takes, neither above cap bytes (None: no cap)."""
+    device takes for a connection of this address family (IPv4's headers are 20 bytes
+    shorter), neither above cap bytes (None: no cap)."""
     enum, fitted = dev["max_pmtu"], dev.get("max_fitted_pmtu", 0)
+    if family == socket.AF_INET:
+        fitted = dev.get("max_fitted_pmtu_ipv4", fitted)
     if cap is None:
         return enum, fitted
     if not C.FITTED_MTU_MIN <= cap <= C.FITTED_MTU_MAX:
@@ -353,12 +356,12 @@ class Listener:
                 _reject(ch, req, C.CmReject.NO_RESOURCES)
                 raise CmError(f"rejected {peer}: no QP ({exc})") from None
             mode = N.mode_of(caps)
-            local_mtu, fitted = _mtu_offers(dev, mtu)
+            family = _family(N.ip_of(req.gid))
+            local_mtu, fitted = _mtu_offers(dev, mtu, family)
             my_mtu64 = N.mtu64_of(fitted, caps, peer_offered=bool(req.mtu64))
             remote = {"qpn": req.qpn, "psn": req.start_psn, "ip": N.ip_of(req.gid),
                       "mtu": N.path_mtu(local_mtu, req.mtu, my_mtu64 * C.FITTED_MTU_UNIT,
                                         req.mtu64, caps), "mode": mode}
-            family = _family(remote["ip"])
             my_paths = min(paths, req.max_paths) if caps & C.Cap.MULTIPATH else 1
             qp.connect(remote, timeout=attr.get("timeout", 14),
                        retry_cnt=attr.get("retry_cnt", 7), rnr_retry=attr.get("rnr_retry", 7),

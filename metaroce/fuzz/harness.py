@@ -22,7 +22,7 @@ Invariants:
 
 QP 0x15 is a MetaRoCE-mode QP (MR_QPS): its requests are mostly MR_* opcodes with a PETH
 (placement by offset, receive WQEs by RSN, the selective-repeat window), at the fitted path MTU
-(CM-14; 8000 at 9000, the default run's 256 otherwise); a MetaRoCE WRITE names its range in
+(CM-14; 8064 at 9000, the default run's 256 otherwise); a MetaRoCE WRITE names its range in
 every packet's RETH, so the memory model is the same.
 
 Jumbo frames (`mtu`, the CLI's --mtu): QPs at the path MTU the link MTU allows (4096 at 9000),
@@ -83,7 +83,7 @@ QPS = ((0x000011, 1, 100, 0x000101, None), (0x000012, 2, 0xFFFFF0, 0x000102, Non
        (0x000013, 1, 0, 0x000103, F.V4_SRC), (0x000014, 4, 0x7FFFFF, 0x000104, None),
        (0x000015, 1, 0xFFFF80, 0x000105, None))
 # QPs in MetaRoCE mode (selective repeat, placement by PETH, spec section 5) at the fitted path
-# MTU (CM-14: 8000 at a 9000-byte link), their requests mostly in MR_* opcodes
+# MTU (CM-14: 8064 at a 9000-byte link), their requests mostly in MR_* opcodes
 MR_QPS = frozenset({0x000015})
 # QPs that negotiated CSUM (spec 5.7): the IPv4/UDP checksums are their check, not the ICRC
 CSUM_QPS = frozenset({0x000012})
@@ -239,7 +239,7 @@ class FastPathFuzzer:
         else:                              # jumbo: the path MTU the link MTU allows
             from ..nic.device import largest_fitted_pmtu, largest_pmtu  # noqa: PLC0415
             self.pmtu = largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000 (two AF_XDP chunks)
-            self.mr_pmtu = largest_fitted_pmtu(mtu, 2 * 4096)   # 8000 at 9000
+            self.mr_pmtu = largest_fitted_pmtu(mtu, 2 * 4096)   # 8064 at 9000
             self.max_frame = mtu + F.ETH_LEN
             recv_bufs, rd_bufs = RECV_BUFS_JUMBO, RD_BUFS_JUMBO
         self.recv_bufs, self.rd_bufs = recv_bufs, rd_bufs

@@ -93,7 +93,7 @@ def fuzz_wire(packets: int, seed: int = 1, progress=None, lab: str | None = None
     name = lab or f"fzw{os.getpid() % 10000}"
     t0 = time.monotonic()
     pmtu = 1024 if mtu is None else largest_pmtu(mtu, 2 * 4096)   # 4096 at 9000
-    # the MetaRoCE QP at the fitted path MTU a MetaRoCE connection takes (CM-14: 8000 at 9000)
+    # the MetaRoCE QP at the fitted path MTU a MetaRoCE connection takes (CM-14: 8064 at 9000)
     mr_pmtu = pmtu if mtu is None else largest_fitted_pmtu(mtu, 2 * 4096)
     core.up(name, "pair", mtu=mtu or 1500, queues=queues)
     view = core.LabView(name)

@@ -229,6 +229,7 @@ class Daemon:
             return {"limits": DEVICE_LIMITS, "mode": self.mode, "integrity": self.integrity,
                     "credits": d.credits is not None, "xdp_mode": self.xdp_mode,
                     "max_pmtu": d.max_pmtu(), "max_fitted_pmtu": d.max_pmtu(fitted=True),
+                    "max_fitted_pmtu_ipv4": d.max_pmtu(fitted=True, ipv6=False),
                     "node_guid": f"{self.ifindex:016x}"}, []
         if op == "alloc_pd":
             return {"pd": d.alloc_pd(conn)}, []

@@ -32,6 +32,7 @@ MAX_PATHS = 8            # MetaRoCE entropy values a QP sprays over (MP-1)
 WINDOW_PKTS = 1024       # request packets in flight per QP (compat: the go-back-N window)
 MR_WINDOW_PKTS = 127     # MetaRoCE: the responder records PSNs up to ePSN + 127 (SACK-1)
 MAX_EXT = 48             # the longest extension headers a packet carries (PETH + AtomicETH)
+MAX_PAYLOAD_EXT = 40     # ... and a packet that carries payload (PETH + RETH + ImmDt)
 # the end-to-end checks a device may accept for its MetaRoCE connections, strongest first (spec
 # 5.7): the RoCEv2 ICRC always; the IPv4 header and UDP checksums in its place only when both
 # devices accept them (INT-1: the strongest check both ends offer is the connection's)
@@ -52,12 +53,16 @@ def _room(link_mtu: int, frame_cap: int) -> int:
     return min(link_mtu, frame_cap - 14) - 40 - 8 - 12 - MAX_EXT - 3 - 4
 
 
-def largest_fitted_pmtu(link_mtu: int, frame_cap: int) -> int:
-    """CM-14: the largest fitted path MTU a MetaRoCE connection may use on this device: a
-    multiple of 64 bytes whose packets fit as largest_pmtu's do, 256 .. 8192 (1344 at a link
-    MTU of 1500, where the IB enum gives 1024; 8000 at 9000 with two-chunk AF_XDP frames,
-    where it gives 4096)."""
-    room = _room(link_mtu, frame_cap) // FITTED_MTU_UNIT * FITTED_MTU_UNIT
+def largest_fitted_pmtu(link_mtu: int, frame_cap: int, ipv6: bool = True) -> int:
+    """CM-14: the largest fitted path MTU a MetaRoCE connection over IPv6 (or IPv4) may use on
+    this device: a multiple of 64 bytes, 256 .. 8192, such that a packet carrying that much
+    payload (its IP header, UDP, BTH, the longest extension headers a payload packet carries,
+    no pad: the payload is a multiple of 4, ICRC) fits an IP packet of link_mtu bytes and, with
+    its Ethernet header, a frame of frame_cap bytes. At a link MTU of 1500, where the IB enum
+    gives 1024: 1408 over IPv4, 1344 over IPv6; at 9000 with two-chunk AF_XDP frames, where it
+    gives 4096: 8064 over either (the frame binds)."""
+    room = (min(link_mtu, frame_cap - 14) - (40 if ipv6 else 20) - 8 - 12 - MAX_PAYLOAD_EXT
+            - 4) // FITTED_MTU_UNIT * FITTED_MTU_UNIT
     return max(FITTED_MTU_MIN, min(FITTED_MTU_MAX, room))
 
 
@@ -309,7 +314,7 @@ class Device:
             raise MetaroceError(f"integrity must be {' or '.join(INTEGRITY)}, not {want_int!r}")
         csum = metaroce and self.integrity == "csum" and want_int == "csum"
         pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", FITTED_MTU_MAX)),
-                   self.max_pmtu(fitted=metaroce))
+                   self.max_pmtu(fitted=metaroce, ipv6=":" in str(remote.get("ip", ""))))
         if not path_mtu_ok(pmtu, metaroce):
             raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)" +
                                 ("" if not metaroce else " nor a fitted one (a multiple of 64 "
@@ -371,19 +376,21 @@ class Device:
     def qp_mode(qp: Qp) -> str:
         return "metaroce" if qp.metaroce else "roce"
 
-    def max_pmtu(self, fitted: bool = False) -> int:
+    def max_pmtu(self, fitted: bool = False, ipv6: bool = True) -> int:
         """The largest RoCE MTU the link and the AF_XDP socket's largest frame hold, or with
-        fitted the largest fitted one (CM-14; MetaRoCE connections). The link MTU is read at
-        most once a second: a netlink round trip costs about a millisecond here."""
+        fitted the largest fitted one (CM-14; MetaRoCE connections) over IPv6, or IPv4. The
+        link MTU is read at most once a second: a netlink round trip costs about a millisecond
+        here."""
         now = time.monotonic()
         cached = getattr(self, "_pmtu", None)
         if cached is None or now - cached[0] >= 1.0:
             from pyroute2 import IPRoute  # noqa: PLC0415
             with IPRoute() as ipr:
                 mtu = ipr.link("get", index=self.ifindex)[0].get_attr("IFLA_MTU")
-            cached = self._pmtu = (now, largest_pmtu(mtu, self.dp.frame_cap),
-                                   largest_fitted_pmtu(mtu, self.dp.frame_cap))
-        return cached[2] if fitted else cached[1]
+            cap = self.dp.frame_cap
+            cached = self._pmtu = (now, largest_pmtu(mtu, cap), largest_fitted_pmtu(mtu, cap),
+                                   largest_fitted_pmtu(mtu, cap, ipv6=False))
+        return (cached[2] if ipv6 else cached[3]) if fitted else cached[1]
 
     def destroy_qp(self, owner, qpn: int) -> None:
         self._forget_qp(self.own_qp(owner, qpn))

@@ -103,13 +103,14 @@ def test_connect_negotiates_metaroce_and_moves_data(sides, v6):
     assert ca.private_data[:4] == b"srv:" and cb.private_data == b"hello"
     assert ca.remote["qpn"] == cb.qp.qp_num and cb.remote["qpn"] == ca.qp.qp_num
     assert ca.qp.query()["mode"] == cb.qp.query()["mode"] == "metaroce"
-    # CM-14: both ends offered a fitted path MTU; at link MTU 1500 that is 1344 bytes, where
-    # the IB enum would give 1024
-    assert ca.remote["mtu"] == cb.remote["mtu"] == 1344
-    assert ca.qp.query()["remote"]["mtu"] == cb.qp.query()["remote"]["mtu"] == 1344
+    # CM-14: both ends offered a fitted path MTU; at link MTU 1500 that is 1408 bytes over
+    # IPv4 and 1344 over IPv6 (20 bytes more of IP header), where the IB enum would give 1024
+    fit = 1344 if v6 else 1408
+    assert ca.remote["mtu"] == cb.remote["mtu"] == fit
+    assert ca.qp.query()["remote"]["mtu"] == cb.qp.query()["remote"]["mtu"] == fit
     sent = ca.qp.query()["sent_packets"]
     write_and_check(a, b, ca, 300000)
-    assert ca.qp.query()["sent_packets"] - sent == -(-300000 // 1344)     # 224, not 293
+    assert ca.qp.query()["sent_packets"] - sent == -(-300000 // fit)   # 214 / 224, not 293
     # CM-9: DISCONNECT moves the peer's QP to ERR: its posted receive is flushed
     cb.qp.post_recv(RecvWR(wr_id=77, sg_list=[b.mr.sge(0, 64)]))
     t = threading.Thread(target=cb.wait_disconnect, args=(5,))
@@ -267,8 +268,9 @@ def test_cm_port_magic_and_version(sides):
 
 
 def test_fitted_mtu_needs_both_offers_and_a_valid_size(sides):
-    """CM-14 from the target's side, with raw CONNECT_REQs: an offer of 21 x 64 bytes gets an
-    answer that offers the target's own (21 at link MTU 1500) and a QP at 1344; a MetaRoCE
+    """CM-14 from the target's side, with raw CONNECT_REQs from an IPv4 address: an offer of 21
+    x 64 bytes gets an answer that offers the target's own (22 at link MTU 1500 over IPv4) and
+    a QP at 1344, the smaller; an offer of 128 a QP at the target's 1408; a MetaRoCE
     request without an offer (mtu64 0) gets none back and the IB enum's 1024; an offer outside
     256 .. 8192 bytes is refused INVALID_PARAMS (CM-10)."""
     from metaroce.wire import consts as C
@@ -276,7 +278,7 @@ def test_fitted_mtu_needs_both_offers_and_a_valid_size(sides):
     view, a, b = sides
     b.close()
     b.__init__(view, "h2", "metaroce")        # an earlier test may have left it in roce mode
-    for k, (mtu64, want) in enumerate(((21, 1344), (0, 1024), (128, 1344), (3, None),
+    for k, (mtu64, want) in enumerate(((21, 1344), (0, 1024), (128, 1408), (3, None),
                                        (129, None))):
         req = CMETH(cm_type=C.CmType.CONNECT_REQ, txn_id=0x600 + k, qpn=0x11, start_psn=1,
                     mtu=5, caps=3, window_pkts=128, mtu64=mtu64,
@@ -292,7 +294,7 @@ def test_fitted_mtu_needs_both_offers_and_a_valid_size(sides):
                                                         C.CmReject.INVALID_PARAMS), rep
             continue
         assert rep.cm_type == C.CmType.CONNECT_REP and rep.caps & 3 == 3, rep
-        assert rep.mtu64 == (21 if mtu64 else 0) and rep.mtu == 3, rep
+        assert rep.mtu64 == (22 if mtu64 else 0) and rep.mtu == 3, rep
         assert "no READY" in str(out.get("error")), out      # the raw client never confirms
     assert b.ctx.status()["qps"] == []
 

@@ -31,17 +31,17 @@ def test_wire_fuzz_accounts_for_every_frame():
 
 def test_wire_fuzz_at_mtu_9000_reaches_the_fragments_path():
     """`--mtu 9000`: a jumbo pair lab, compat QPs at PMTU 4096 and the MetaRoCE QP at its fitted
-    8000 (so 8000-byte payloads are placed), frames up to 9014 bytes. The NIC's
+    8064 (so 8064-byte payloads are placed), frames up to 9014 bytes. The NIC's
     program itself counts the RoCE frames that reached it as multi-buffer xdp_buffs; the run
     must have some, every frame accounted for, nothing written out of place, and a fresh QP
-    pair must still move verified data at PMTU 8000 afterwards."""
+    pair must still move verified data at PMTU 8064 afterwards."""
     p = subprocess.run([sys.executable, "-m", "metaroce.cli", "fuzz", "--wire", "--mtu", "9000",
                         "--packets", "2000", "--seed", "3", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert p.stdout, p.stderr[-2000:]
     r = json.loads(p.stdout)
     assert r["mtu"] == 9000 and r["pmtu"] == 4096 and r["max_frame"] == 9014, r
-    assert r["pmtu_metaroce"] == 8000, r              # the MetaRoCE QP's fitted MTU (CM-14)
+    assert r["pmtu_metaroce"] == 8064, r              # the MetaRoCE QP's fitted MTU (CM-14)
     assert r["unaccounted"] == 0 and r["delivered"] == r["seen_by_xdp"], r
     assert r["delivered"] == r["accepted"] + r["passed"] + r["dropped"]
     assert r["out_of_region_writes"] == 0 and r["crashes"] == 0, r

@@ -78,14 +78,14 @@ def test_demo_on_jumbo_frames(mode):
     """Issue 21: `metaroce demo --mtu 9000` — the NIC's frags-aware program runs natively on
     the 9000-byte lab (before: `bpf_link_create ... Device or resource busy`), both ends agree
     on the largest path MTU their devices take (RoCEv2: 4096, the IB enum's largest; MetaRoCE:
-    the fitted 8000, CM-14; a frame of either leaves as two descriptors of 4 KiB UMEM chunks,
-    XDP_USE_SG) and every byte is verified: WRITE, SEND and READ-response packets of that
+    the fitted 8064 over the lab's IPv4, CM-14; a frame of either leaves as two descriptors of
+    4 KiB UMEM chunks, XDP_USE_SG) and every byte is verified: WRITE, SEND and READ-response packets of that
     payload arrive whole and are placed."""
     p = run("demo", "--mtu", "9000", "--mode", mode, "--json")
     doc = json.loads(p.stdout)
     assert doc["ok"] is True and p.returncode == 0, p.stderr
     assert doc["lab_mtu"] == 9000 and doc["xdp_mode"] == "native" and doc["mode"] == mode
-    pm = 8000 if mode == "metaroce" else 4096
+    pm = 8064 if mode == "metaroce" else 4096
     assert doc["pmtu"] == pm
     assert doc["write_ok"] and doc["read_ok"] and doc["send_ok"] and doc["atomic_ok"]
     h1, h2 = doc["counters"]["h1"], doc["counters"]["h2"]

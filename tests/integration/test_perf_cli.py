@@ -85,10 +85,10 @@ def test_errors(lab):
 
 
 def test_mtu_is_fitted_in_metaroce_mode_and_m_caps_it(lab):
-    """CM-14: a MetaRoCE connection runs at the fitted path MTU (1344 at the lab's link MTU
-    1500), RoCEv2 mode at the IB enum's 1024; perftest's -m caps what a side offers (the
+    """CM-14: a MetaRoCE connection runs at the fitted path MTU (1408 at the lab's link MTU
+    1500, over IPv4), RoCEv2 mode at the IB enum's 1024; perftest's -m caps what a side offers (the
     connection takes the smaller of both sides', so the client's -m alone suffices)."""
-    for args, want in (((), 1344), (("-m", "1024"), 1024), (("-m", "1100"), 1088),
+    for args, want in (((), 1408), (("-m", "1024"), 1024), (("-m", "1100"), 1088),
                        (("--mode", "roce"), 1024)):
         cli, srv = pair_run(lab, "write-bw", "-s", "64k", "-n", "32", "--json", *args,
                             port=18960 + want % 37)

@@ -134,3 +134,22 @@ def test_cmeth_magic_and_prefix():
             CMETH.parse(bad)
         assert e.value.reason.value == "bad_field"
     assert CMETH.prefix(b"XRCM" + b[4:]) is None and CMETH.prefix(b[:11]) is None
+
+
+def test_the_fitted_offer_is_fitted_to_the_connections_ip_version():
+    """CM-14: the largest multiple of 64 bytes whose payload packet fits the link and the
+    largest frame, with the connection's own IP header (IPv4 20 bytes, IPv6 40) and the longest
+    extension headers a packet with payload carries (PETH + RETH + ImmDt, 40 bytes)."""
+    from metaroce.nic.device import largest_fitted_pmtu
+    assert largest_fitted_pmtu(1500, 4096, ipv6=False) == 1408      # 1500 - 92 = 1408
+    assert largest_fitted_pmtu(1500, 4096) == 1344                  # 1500 - 112 = 1388
+    assert largest_fitted_pmtu(9000, 8192, ipv6=False) == 8064      # the frame binds: 8178 - 92
+    assert largest_fitted_pmtu(9000, 8192) == 8064                  # over IPv6 too
+    assert largest_fitted_pmtu(9000, 4096) == 3968                  # one UMEM chunk a frame
+    assert largest_fitted_pmtu(300, 4096) == 256                    # never below the least
+    for link in range(300, 9001, 7):
+        for v6 in (False, True):
+            m = largest_fitted_pmtu(link, 8192, ipv6=v6)
+            packet = (40 if v6 else 20) + 8 + 12 + 40 + m + 4       # IP .. ICRC, no pad
+            assert m % 64 == 0 and (m == 256 or (packet <= link and packet + 14 <= 8192 and
+                                                 packet + 64 > min(link, 8178))), (link, v6)

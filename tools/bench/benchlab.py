@@ -108,10 +108,10 @@ class BenchEnd:
 
 
 def path_mtu(mode: str, *contexts) -> int:
-    """The path MTU the CM would pick for a connection between these contexts' devices (CM-14):
-    the smaller of their fitted MTUs in MetaRoCE mode (1344 at a 1500-byte link), of their IB
-    enum MTUs in RoCEv2 mode; for QPs connected by hand."""
-    key = "max_fitted_pmtu" if mode == "metaroce" else "max_pmtu"
+    """The path MTU the CM would pick for an IPv4 connection (the lab's addresses) between
+    these contexts' devices (CM-14): the smaller of their fitted MTUs in MetaRoCE mode (1408 at
+    a 1500-byte link), of their IB enum MTUs in RoCEv2 mode; for QPs connected by hand."""
+    key = "max_fitted_pmtu_ipv4" if mode == "metaroce" else "max_pmtu"
     return min(c.query_device()[key] for c in contexts)
 
 
