@@ -10,6 +10,7 @@ import time
 
 import click
 
+from ..cm.endpoint import path_mtu
 from ..errors import MetaroceError
 from ..lab import core, fabric, procs
 from ..nic import daemon as nicd
@@ -77,13 +78,12 @@ def _run(view, mode: str) -> dict:
         c1, c2 = Context("eth0", h1.netns), Context("eth0", h2.netns)
         a, b = _Host(c1, 2 * TOTAL), _Host(c2, TOTAL + SENDS * SEND_BYTES + 4096)
         ip1, ip2 = (h.iface("eth0").ipv4.split("/")[0] for h in (h1, h2))
-        # the path MTU as the CM picks it: the smaller of what both ends' devices take (the
-        # link MTU and the AF_XDP socket's largest frame decide each): in RoCEv2 mode the IB
-        # enum's (4096 on a 9000-byte lab with multi-buffer transmit, 2048 without it, 1024 at
-        # 1500), in MetaRoCE mode the fitted one for the lab's IPv4 addresses (CM-14: 1408 at
-        # 1500)
-        key = "max_fitted_pmtu_ipv4" if mode == "metaroce" else "max_pmtu"
-        pmtu = min(c.query_device()[key] for c in (c1, c2))
+        # the path MTU as the CM picks it over the lab's IPv4 addresses: the smaller of what
+        # both ends' devices take (the link MTU and the AF_XDP socket's largest frame decide
+        # each): in RoCEv2 mode the IB enum's (4096 on a 9000-byte lab with multi-buffer
+        # transmit, 2048 without it, 1024 at 1500), in MetaRoCE mode the fitted one (CM-14:
+        # 1408 at 1500)
+        pmtu = path_mtu(mode, c1, c2)
         a.qp.connect({"qpn": b.qp.qp_num, "psn": b.qp.psn, "ip": ip2, "mode": mode, "mtu": pmtu})
         b.qp.connect({"qpn": a.qp.qp_num, "psn": a.qp.psn, "ip": ip1, "mode": mode, "mtu": pmtu})
         data = os.urandom(TOTAL)

@@ -255,6 +255,17 @@ def _mtu_offers(dev: dict, cap: int | None, family: int) -> tuple[int, int]:
     return enum, fitted
 
 
+def path_mtu(mode: str, *contexts, family: int = socket.AF_INET) -> int:
+    """The path MTU the CM would pick for a connection of this address family between these
+    contexts' devices, for QPs connected by hand: in MetaRoCE mode the smallest fitted offer
+    (CM-14; 1408 over IPv4 at a 1500-byte link), else, and when a device offers none, the
+    smallest IB MTU (CM-1)."""
+    offers = [_mtu_offers(c.query_device(), None, family) for c in contexts]
+    if mode == "metaroce" and all(fitted for _, fitted in offers):
+        return min(fitted for _, fitted in offers)
+    return min(enum for enum, _ in offers)
+
+
 def _integrity_offer(dev: dict, asked: str | None) -> str:
     """What this end offers or accepts (INT-1): the checksums only when its device accepts
     them and the application did not ask for the ICRC."""

@@ -129,28 +129,23 @@ static uint64_t copy_sum(uint8_t *d, const uint8_t *s, size_t n)
     return sum_tail(d, s, n, 0);
 }
 
-/* A native-order 64-bit sum folded to 16 bits and put in network order (RFC 1071 2B). */
-static uint32_t fold_be(uint64_t acc)
+/* A ones' complement sum folded to 16 bits. */
+static uint32_t fold16(uint64_t acc)
 {
     while (acc >> 16)
         acc = (acc & 0xffff) + (acc >> 16);
-    return (uint32_t)__builtin_bswap16((uint16_t)acc);
+    return (uint32_t)acc;
 }
 
-static uint32_t add16(uint32_t a, uint32_t b)
+/* A native-order sum folded and put in network order (RFC 1071 2B). */
+static uint32_t fold_be(uint64_t acc)
 {
-    a += b;
-    while (a >> 16)
-        a = (a & 0xffff) + (a >> 16);
-    return a;
+    return __builtin_bswap16((uint16_t)fold16(acc));
 }
 
 uint32_t mr_csum16(const uint8_t *p, uint32_t n, uint32_t seed)
 {
-    uint64_t s = seed;
-    while (s >> 16)
-        s = (s & 0xffff) + (s >> 16);
-    return add16((uint32_t)s, fold_be(copy_sum(NULL, p, n)));
+    return fold16((uint64_t)seed + fold_be(copy_sum(NULL, p, n)));
 }
 
 uint32_t mr_copy_sum(uint8_t *dst, const uint8_t *src, uint32_t n)
@@ -254,8 +249,7 @@ static uint32_t build_frame(uint8_t *p, const struct mr_roce_flow *f, const stru
         q += elen;
     }
     /* IPv6 needs the UDP checksum; a CSUM peer checks it. The payload is summed as it is
-     * copied (it starts an even number of bytes into the datagram: every header is a multiple
-     * of 4 bytes, so its sum adds to the headers' as it is) */
+     * copied, from its own start (q) */
     int sum = f->ipv6 || f->csum;
     uint32_t psum = 0;
     if (plen && sum)
@@ -271,13 +265,13 @@ static uint32_t build_frame(uint8_t *p, const struct mr_roce_flow *f, const stru
     ic[3] = icrc >> 24;
     if (sum) {
         uint32_t s = f->ipv6 ? mr_csum16(ip + 8, 32, 0) : mr_csum16(ip + 12, 8, 0);
-        uint32_t h = (uint32_t)(q - udp);
-        if (h & 1) {                   /* odd extensions (never sent by us): the whole datagram */
-            s = mr_csum16(udp, l4, s + l4 + 17);
-        } else {
-            s = mr_csum16(udp, h, s + l4 + 17);                   /* UDP header .. extensions */
-            s = mr_csum16(ic, ICRC_LEN, s + psum);                /* payload (pad: zeros), ICRC */
-        }
+        /* payload, pad (zeros) and ICRC summed from q: the ICRC is a multiple of 4 bytes past
+         * it. Taken from an odd offset of the datagram such a sum is byte-swapped (RFC 1071
+         * 2B); every header is a multiple of 4 bytes, so q's offset is even when we send */
+        uint32_t h = (uint32_t)(q - udp), tail = mr_csum16(ic, ICRC_LEN, psum);
+        if (h & 1)
+            tail = __builtin_bswap16((uint16_t)tail);
+        s = mr_csum16(udp, h, s + l4 + 17 + tail);                /* UDP header .. extensions */
         uint16_t c = ~s & 0xffff;
         put16(udp + 6, c ? c : 0xffff);
     }

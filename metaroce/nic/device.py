@@ -301,6 +301,10 @@ class Device:
             raise MetaroceError("remote attributes need qpn, psn and ip") from None
         if not (0 < rqpn <= PSN_MASK and 0 <= rpsn <= PSN_MASK):
             raise MetaroceError("remote qpn/psn must be 24-bit")
+        try:
+            peer = ipaddress.ip_address(rip).packed
+        except ValueError:
+            raise MetaroceError(f"remote ip {rip!r} is not an IP address") from None
         want = str(attr.get("mode", remote.get("mode", "roce")))
         if want not in ("roce", "metaroce"):
             raise MetaroceError(f"mode must be roce or metaroce, not {want!r}")
@@ -314,7 +318,7 @@ class Device:
             raise MetaroceError(f"integrity must be {' or '.join(INTEGRITY)}, not {want_int!r}")
         csum = metaroce and self.integrity == "csum" and want_int == "csum"
         pmtu = min(int(remote.get("mtu", 1024)), int(attr.get("path_mtu", FITTED_MTU_MAX)),
-                   self.max_pmtu(fitted=metaroce, ipv6=":" in str(remote.get("ip", ""))))
+                   self.max_pmtu(fitted=metaroce, ipv6=len(peer) == 16))
         if not path_mtu_ok(pmtu, metaroce):
             raise MetaroceError(f"path MTU {pmtu} is not a RoCE MTU (256 .. 4096)" +
                                 ("" if not metaroce else " nor a fitted one (a multiple of 64 "
@@ -326,10 +330,6 @@ class Device:
         npaths = int(attr.get("paths") or 0) if metaroce else 0   # MP-1: negotiated N
         if npaths and not 1 <= npaths <= MAX_PATHS:
             raise MetaroceError(f"paths must be 1-{MAX_PATHS}, not {npaths}")
-        try:
-            peer = ipaddress.ip_address(rip).packed
-        except ValueError:
-            raise MetaroceError(f"remote ip {rip!r} is not an IP address") from None
         path = neigh.resolve(rip, self.ifindex)
         qp.pmtu, qp.metaroce, qp.paths = pmtu, metaroce, max(1, npaths)
         qp.integrity = "csum" if csum else "icrc"

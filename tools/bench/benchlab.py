@@ -108,11 +108,10 @@ class BenchEnd:
 
 
 def path_mtu(mode: str, *contexts) -> int:
-    """The path MTU the CM would pick for an IPv4 connection (the lab's addresses) between
-    these contexts' devices (CM-14): the smaller of their fitted MTUs in MetaRoCE mode (1408 at
-    a 1500-byte link), of their IB enum MTUs in RoCEv2 mode; for QPs connected by hand."""
-    key = "max_fitted_pmtu_ipv4" if mode == "metaroce" else "max_pmtu"
-    return min(c.query_device()[key] for c in contexts)
+    """The path MTU the CM would pick between these contexts' devices over the lab's IPv4
+    addresses (metaroce.cm.endpoint.path_mtu); for QPs connected by hand."""
+    from metaroce.cm.endpoint import path_mtu as cm_path_mtu  # noqa: PLC0415
+    return cm_path_mtu(mode, *contexts)
 
 
 def qp_pair(c1, c2, ip1: str, ip2: str, mode: str, mr_bytes: int, access: int,
